@@ -1,0 +1,164 @@
+"""`LLM`: the in-process engine for lists of prompts or chat conversations (vLLM-style API)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
+
+from tqdm.auto import tqdm
+
+from .config import CacheConfig, RunnerConfig, SchedulerConfig
+from .engine import EngineStats, LLMEngine
+from .models.checkpoint import load_checkpoint
+from .outputs import RequestOutput
+from .sampling_params import SamplingParams
+
+__all__ = ["LLM"]
+
+PromptType = str | Sequence[int]
+Conversation = Sequence[Mapping[str, Any]]
+
+
+class LLM:
+    """Loads a model (None: the built-in SmolLM2-135M-Instruct) and generates for many prompts.
+
+    `model` is a Hugging Face folder or a .gguf file. Engine options keep vLLM's names.
+    """
+
+    def __init__(
+        self,
+        model: str | None = None,
+        *,
+        block_size: int = 16,
+        max_num_seqs: int = 256,
+        max_num_batched_tokens: int | None = 2048,
+        enable_prefix_caching: bool = True,
+        num_kv_blocks: int | None = None,
+        kv_cache_memory_bytes: int | None = None,
+        max_model_len: int | None = None,
+        batching: Literal["continuous", "static"] = "continuous",
+        dtype: str | None = None,
+        device: str | None = None,
+        seed: int = 0,
+        attention_backend: Literal["torch", "triton"] | None = None,
+    ) -> None:
+        checkpoint = load_checkpoint(model)
+        self.engine = LLMEngine(
+            checkpoint,
+            scheduler_config=SchedulerConfig(
+                max_num_seqs=max_num_seqs,
+                max_num_batched_tokens=max_num_batched_tokens,
+                batching=batching,
+            ),
+            cache_config=CacheConfig(
+                block_size=block_size,
+                num_kv_blocks=num_kv_blocks,
+                kv_cache_memory_bytes=kv_cache_memory_bytes,
+                enable_prefix_caching=enable_prefix_caching,
+            ),
+            runner_config=RunnerConfig(
+                device=device, dtype=dtype, max_model_len=max_model_len, attention_backend=attention_backend
+            ),
+            seed=seed,
+        )
+        self.checkpoint_fingerprint = checkpoint.fingerprint
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.engine.tokenizer
+
+    def stats(self) -> dict[str, int]:
+        """Counters since the engine started; see EngineStats."""
+        return self.engine.stats().as_dict()
+
+    def engine_stats(self) -> EngineStats:
+        return self.engine.stats()
+
+    def generate(
+        self,
+        prompts: PromptType | Sequence[PromptType],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+    ) -> list[RequestOutput]:
+        """One RequestOutput per prompt, in input order. Prompts are strings (tokenized with the
+        model's special tokens) or token-id lists. Raises ValueError for a bad prompt."""
+        items = _as_prompt_list(prompts)
+        token_lists: list[tuple[str | None, list[int]]] = []
+        texts = [p for p in items if isinstance(p, str)]
+        encoded = iter(self.engine.tokenizer.encode_batch(texts) if texts else [])
+        for prompt in items:
+            if isinstance(prompt, str):
+                token_lists.append((prompt, list(next(encoded))))
+            else:
+                token_lists.append((None, [int(t) for t in prompt]))
+        return self._run(token_lists, sampling_params, use_tqdm)
+
+    def chat(
+        self,
+        conversations: Conversation | Sequence[Conversation],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+    ) -> list[RequestOutput]:
+        """Render each conversation ({"role", "content"} messages) with the model's chat template
+        and generate the assistant's reply. Raises ChatTemplateError for a malformed conversation."""
+        if conversations and isinstance(conversations[0], Mapping):
+            convs: list[Conversation] = [conversations]  # type: ignore[list-item]
+        else:
+            convs = list(conversations)  # type: ignore[arg-type]
+        tok = self.engine.tokenizer
+        token_lists = []
+        for conv in convs:
+            text = tok.apply_chat_template(conv, add_generation_prompt=True)
+            token_lists.append((text, tok.encode(text, add_special_tokens=False)))
+        return self._run(token_lists, sampling_params, use_tqdm)
+
+    def _run(
+        self,
+        prompts: list[tuple[str | None, list[int]]],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None,
+        use_tqdm: bool,
+    ) -> list[RequestOutput]:
+        if sampling_params is None or isinstance(sampling_params, SamplingParams):
+            params_list = [sampling_params or SamplingParams()] * len(prompts)
+        else:
+            params_list = list(sampling_params)
+            if len(params_list) != len(prompts):
+                raise ValueError(
+                    f"got {len(params_list)} sampling_params for {len(prompts)} prompts; pass one or one per prompt"
+                )
+        engine = self.engine
+        for _, token_ids in prompts:  # all or nothing: a bad prompt must not leave others queued
+            engine.check_prompt(token_ids)
+        order: dict[int, int] = {}
+        for i, ((text, token_ids), params) in enumerate(zip(prompts, params_list, strict=True)):
+            order[engine.add_request(token_ids, params, prompt=text)] = i
+        results: list[RequestOutput | None] = [None] * len(prompts)
+        bar = tqdm(total=len(prompts), desc="generate", unit="req", disable=not use_tqdm, dynamic_ncols=True)
+        start = time.perf_counter()
+        first_token_count = engine.stats().generation_tokens
+        try:
+            while engine.has_unfinished():
+                for out in engine.step():
+                    results[order[out.request_id]] = out
+                    bar.update(1)
+                num_out = engine.stats().generation_tokens - first_token_count
+                elapsed = time.perf_counter() - start
+                bar.set_postfix_str(f"out {num_out / max(elapsed, 1e-9):.1f} tok/s", refresh=False)
+        finally:
+            bar.close()
+        return [r for r in results if r is not None]
+
+
+def _as_prompt_list(prompts: PromptType | Sequence[PromptType]) -> list[PromptType]:
+    if isinstance(prompts, str):
+        return [prompts]
+    items = list(prompts)
+    if items and all(isinstance(t, int) and not isinstance(t, bool) for t in items):
+        return [items]  # a single token-id list
+    for i, p in enumerate(items):
+        if not isinstance(p, str) and not (
+            isinstance(p, Sequence) and all(isinstance(t, int) and not isinstance(t, bool) for t in p)
+        ):
+            raise ValueError(f"prompt {i} must be a string or a list of token ids, got {type(p).__name__}")
+    return items

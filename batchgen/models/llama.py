@@ -1,0 +1,170 @@
+"""Llama-family decoder (Llama 2/3, SmolLM2, Mistral, Qwen2) over a flat batch of tokens.
+
+Projections, MLP and norms run over all of a step's tokens together; attention reads each
+sequence's K/V through its block table (batchgen.kernels). Q/K/V and gate/up are fused into
+one matrix each at load. The KV pool tensors are owned by the runner and passed in.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from batchgen.kernels import AttentionMetadata, Backend, paged_attention, write_kv
+
+from .config import ModelConfig, RopeScaling
+
+__all__ = ["LlamaModel", "rope_inv_freq"]
+
+
+def rope_inv_freq(head_dim: int, theta: float, scaling: RopeScaling | None) -> torch.Tensor:
+    """Inverse frequencies (float32, [head_dim // 2]) with llama3 or linear scaling applied."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    if scaling is None or scaling.rope_type in ("default", ""):
+        return inv_freq
+    if scaling.rope_type == "linear":
+        return inv_freq / scaling.factor
+    if scaling.rope_type == "llama3":
+        old_len = scaling.original_max_position_embeddings
+        low_wavelen = old_len / scaling.low_freq_factor
+        high_wavelen = old_len / scaling.high_freq_factor
+        wavelen = 2 * math.pi / inv_freq
+        scaled = torch.where(wavelen > low_wavelen, inv_freq / scaling.factor, inv_freq)
+        smooth = (old_len / wavelen - scaling.low_freq_factor) / (
+            scaling.high_freq_factor - scaling.low_freq_factor
+        )
+        smoothed = (1 - smooth) * scaled / scaling.factor + smooth * scaled
+        is_medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
+        return torch.where(is_medium, smoothed, scaled)
+    raise ValueError(f"unsupported rope_scaling type {scaling.rope_type!r}")
+
+
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    # Computed in float32 like the reference implementation, then cast back.
+    x32 = x.float()
+    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * x32.to(x.dtype)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class _Layer:
+    __slots__ = ("down", "gate_up", "input_norm", "o_proj", "post_norm", "qkv", "qkv_bias")
+
+    def __init__(
+        self,
+        qkv: torch.Tensor,
+        qkv_bias: torch.Tensor | None,
+        o_proj: torch.Tensor,
+        gate_up: torch.Tensor,
+        down: torch.Tensor,
+        input_norm: torch.Tensor,
+        post_norm: torch.Tensor,
+    ) -> None:
+        self.qkv = qkv
+        self.qkv_bias = qkv_bias
+        self.o_proj = o_proj
+        self.gate_up = gate_up
+        self.down = down
+        self.input_norm = input_norm
+        self.post_norm = post_norm
+
+
+class LlamaModel:
+    """Weights plus a forward pass; holds no per-step state."""
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        weights: dict[str, torch.Tensor],
+        *,
+        device: torch.device,
+        dtype: torch.dtype,
+        max_model_len: int,
+        attention_backend: Backend | None = None,
+    ) -> None:
+        self.config = config
+        self.device = device
+        self.dtype = dtype
+        self._backend = attention_backend
+
+        def take(name: str) -> torch.Tensor:
+            if name not in weights:
+                raise KeyError(f"checkpoint is missing tensor {name!r}")
+            return weights[name].to(device=device, dtype=dtype).contiguous()
+
+        self.embed = take("model.embed_tokens.weight")
+        self.norm = take("model.norm.weight")
+        self.lm_head = self.embed if config.tie_word_embeddings else take("lm_head.weight")
+        self.layers: list[_Layer] = []
+        for i in range(config.num_layers):
+            p = f"model.layers.{i}."
+            qkv = torch.cat([take(p + f"self_attn.{n}_proj.weight") for n in "qkv"], dim=0)
+            bias = None
+            if config.qkv_bias:
+                bias = torch.cat([take(p + f"self_attn.{n}_proj.bias") for n in "qkv"], dim=0)
+            gate_up = torch.cat([take(p + "mlp.gate_proj.weight"), take(p + "mlp.up_proj.weight")], dim=0)
+            self.layers.append(
+                _Layer(
+                    qkv=qkv,
+                    qkv_bias=bias,
+                    o_proj=take(p + "self_attn.o_proj.weight"),
+                    gate_up=gate_up,
+                    down=take(p + "mlp.down_proj.weight"),
+                    input_norm=take(p + "input_layernorm.weight"),
+                    post_norm=take(p + "post_attention_layernorm.weight"),
+                )
+            )
+        inv_freq = rope_inv_freq(config.head_dim, config.rope_theta, config.rope_scaling)
+        freqs = torch.outer(torch.arange(max_model_len, dtype=torch.float32), inv_freq)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        self._cos = emb.cos().to(device=device, dtype=dtype)
+        self._sin = emb.sin().to(device=device, dtype=dtype)
+        self._scale = config.head_dim**-0.5
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        c = self.config
+        return 2 * c.num_layers * c.num_kv_heads * c.head_dim * self.embed.element_size()
+
+    @torch.inference_mode()
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        meta: AttentionMetadata,
+        logits_indices: torch.Tensor,
+    ) -> torch.Tensor:
+        """Logits (float32, [len(logits_indices), vocab]) of the selected tokens.
+
+        Writes each layer's new K/V into kv_caches at meta.slot_mapping.
+        """
+        c = self.config
+        num_tokens = input_ids.shape[0]
+        q_size = c.num_heads * c.head_dim
+        kv_size = c.num_kv_heads * c.head_dim
+        cos = self._cos.index_select(0, positions)[:, None, :]
+        sin = self._sin.index_select(0, positions)[:, None, :]
+        hidden = self.embed.index_select(0, input_ids)
+        for layer, (k_cache, v_cache) in zip(self.layers, kv_caches, strict=True):
+            x = _rms_norm(hidden, layer.input_norm, c.rms_norm_eps)
+            qkv = F.linear(x, layer.qkv, layer.qkv_bias)
+            q = qkv[:, :q_size].view(num_tokens, c.num_heads, c.head_dim)
+            k = qkv[:, q_size : q_size + kv_size].view(num_tokens, c.num_kv_heads, c.head_dim)
+            v = qkv[:, q_size + kv_size :].view(num_tokens, c.num_kv_heads, c.head_dim)
+            q = q * cos + _rotate_half(q) * sin
+            k = k * cos + _rotate_half(k) * sin
+            write_kv(k, v, k_cache, v_cache, meta.slot_mapping, backend=self._backend)
+            attn = paged_attention(q, k_cache, v_cache, meta, self._scale, backend=self._backend)
+            hidden = hidden + F.linear(attn.reshape(num_tokens, q_size), layer.o_proj)
+            x = _rms_norm(hidden, layer.post_norm, c.rms_norm_eps)
+            gate, up = F.linear(x, layer.gate_up).chunk(2, dim=-1)
+            hidden = hidden + F.linear(F.silu(gate) * up, layer.down)
+        last = _rms_norm(hidden.index_select(0, logits_indices), self.norm, c.rms_norm_eps)
+        return F.linear(last, self.lm_head).float()

@@ -1,0 +1,114 @@
+"""PyTorch reference path for paged attention and KV writes (CPU, and any device without Triton).
+
+Layout of the KV pool, per layer: `[num_blocks, block_size, num_kv_heads, head_dim]`.
+Prefill chunks run one SDPA call per sequence (fastest on CPU: see the toolchain notes); decode
+tokens of all sequences run as one padded SDPA call with a mask, since launch overhead dominates
+there. Imports torch only.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .metadata import AttentionMetadata
+
+__all__ = ["paged_attention_torch", "write_kv_torch"]
+
+
+def write_kv_torch(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """Store each token's K/V ([num_tokens, num_kv_heads, head_dim]) at its pool slot (mutates the caches)."""
+    num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
+    k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, key.to(k_cache.dtype))
+    v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, value.to(v_cache.dtype))
+
+
+def _gather(cache: torch.Tensor, block_table: torch.Tensor, seq_len: int) -> torch.Tensor:
+    """K or V of one sequence as [seq_len, num_kv_heads, head_dim]."""
+    block_size = cache.shape[1]
+    num_blocks = (seq_len + block_size - 1) // block_size
+    blocks = cache.index_select(0, block_table[:num_blocks])
+    return blocks.reshape(-1, cache.shape[2], cache.shape[3])[:seq_len]
+
+
+def _expand_kv(x: torch.Tensor, group: int) -> torch.Tensor:
+    """[..., num_kv_heads, L, D] -> [..., num_kv_heads * group, L, D] for grouped-query attention."""
+    return x if group == 1 else x.repeat_interleave(group, dim=-3)
+
+
+def paged_attention_torch(
+    query: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+) -> torch.Tensor:
+    """Attention of every query token over its sequence's cached K/V.
+
+    query: [num_tokens, num_heads, head_dim]; returns the same shape. Reads the caches only.
+    """
+    num_heads, head_dim = query.shape[1], query.shape[2]
+    num_kv_heads = k_cache.shape[2]
+    group = num_heads // num_kv_heads
+    out = torch.empty_like(query)
+    decode_rows: list[int] = []
+    start = 0
+    for s, (q_len, seq_len) in enumerate(zip(meta.query_lens_host, meta.seq_lens_host, strict=True)):
+        if q_len == 1:
+            decode_rows.append(s)
+            start += 1
+            continue
+        q = query[start : start + q_len].transpose(0, 1)  # [H, q_len, D]
+        k = _expand_kv(_gather(k_cache, meta.block_tables[s], seq_len).transpose(0, 1), group)
+        v = _expand_kv(_gather(v_cache, meta.block_tables[s], seq_len).transpose(0, 1), group)
+        context_len = seq_len - q_len
+        if context_len == 0:
+            o = F.scaled_dot_product_attention(q, k.to(q.dtype), v.to(q.dtype), is_causal=True, scale=scale)
+        else:
+            # Query i sits at position context_len + i and sees keys 0 .. context_len + i.
+            q_pos = torch.arange(context_len, seq_len, device=q.device)
+            k_pos = torch.arange(seq_len, device=q.device)
+            mask = k_pos[None, :] <= q_pos[:, None]
+            o = F.scaled_dot_product_attention(q, k.to(q.dtype), v.to(q.dtype), attn_mask=mask, scale=scale)
+        out[start : start + q_len] = o.transpose(0, 1)
+        start += q_len
+    if decode_rows:
+        _decode_batch(query, k_cache, v_cache, meta, scale, decode_rows, group, out)
+    return out
+
+
+def _decode_batch(
+    query: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+    rows: list[int],
+    group: int,
+    out: torch.Tensor,
+) -> None:
+    """All single-token queries in one padded SDPA call: [B, H, 1, D] over [B, H, Lmax, D]."""
+    block_size = k_cache.shape[1]
+    seq_lens = [meta.seq_lens_host[s] for s in rows]
+    max_len = max(seq_lens)
+    max_blocks = (max_len + block_size - 1) // block_size
+    row_idx = torch.tensor(rows, device=query.device)
+    tables = meta.block_tables.index_select(0, row_idx)[:, :max_blocks].long()
+    token_idx = meta.query_start_loc.index_select(0, row_idx).long()
+    num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
+    b = len(rows)
+    k = k_cache[tables].reshape(b, max_blocks * block_size, num_kv_heads, head_dim)[:, :max_len]
+    v = v_cache[tables].reshape(b, max_blocks * block_size, num_kv_heads, head_dim)[:, :max_len]
+    k = _expand_kv(k.transpose(1, 2), group).to(query.dtype)
+    v = _expand_kv(v.transpose(1, 2), group).to(query.dtype)
+    q = query.index_select(0, token_idx).unsqueeze(2)  # [B, H, 1, D]
+    lens = torch.tensor(seq_lens, device=query.device)
+    mask = (torch.arange(max_len, device=query.device)[None, :] < lens[:, None])[:, None, None, :]
+    o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+    out.index_copy_(0, token_idx, o.squeeze(2))
