@@ -11,7 +11,7 @@ from typing import Any
 
 __version__ = "0.1.0"
 
-__all__ = ["LLM", "CompletionOutput", "RequestOutput", "SamplingParams", "__version__"]
+__all__ = ["LLM", "CompletionOutput", "RequestOutput", "SamplingParams", "__version__", "generate"]
 
 # In a source checkout the folders radix/, kernels/ and io/ sit beside batchgen/ and are mapped to
 # batchgen.radix, batchgen.kernels and batchgen.io by pyproject.toml. When Python finds this package
@@ -28,6 +28,7 @@ _LAZY = {
     "SamplingParams": "batchgen.sampling_params",
     "RequestOutput": "batchgen.outputs",
     "CompletionOutput": "batchgen.outputs",
+    "generate": "batchgen.api",
 }
 
 

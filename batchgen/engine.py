@@ -85,6 +85,7 @@ class LLMEngine:
     ) -> None:
         self.tokenizer = checkpoint.tokenizer
         self.model_config = checkpoint.config
+        self.max_num_seqs = scheduler_config.max_num_seqs
         self._seed = seed
         device = resolve_device(runner_config.device)
         dtype = resolve_dtype(runner_config.dtype, device)
@@ -272,10 +273,7 @@ class LLMEngine:
         outputs = []
         for seq, detok in zip(request.seqs, request.detokenizers, strict=True):
             token_ids = tuple(seq.generated_token_ids)
-            if detok is not None:
-                text = detok.text
-            else:
-                text = self.tokenizer.decode(list(token_ids))
+            text = detok.text if detok is not None else self.tokenizer.decode(list(token_ids))
             outputs.append(
                 CompletionOutput(
                     index=seq.sample_index,
@@ -284,6 +282,7 @@ class LLMEngine:
                     finish_reason=seq.finish_reason or "length",
                     stop_reason=seq.stop_reason,
                     logprobs=tuple(seq.logprobs) if request.params.logprobs is not None else None,
+                    seed=seq.seed,
                 )
             )
             self.scheduler.release(seq.seq_id)

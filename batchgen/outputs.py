@@ -21,6 +21,7 @@ class CompletionOutput:
     finish_reason: str
     stop_reason: str | int | None
     logprobs: tuple[dict[int, float], ...] | None = None
+    seed: int = 0  # the seed this sample's draws were made from
 
 
 @dataclass(frozen=True, slots=True)

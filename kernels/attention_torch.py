@@ -53,9 +53,7 @@ def paged_attention_torch(
 
     query: [num_tokens, num_heads, head_dim]; returns the same shape. Reads the caches only.
     """
-    num_heads, head_dim = query.shape[1], query.shape[2]
-    num_kv_heads = k_cache.shape[2]
-    group = num_heads // num_kv_heads
+    group = query.shape[1] // k_cache.shape[2]
     out = torch.empty_like(query)
     decode_rows: list[int] = []
     start = 0
@@ -103,12 +101,15 @@ def _decode_batch(
     token_idx = meta.query_start_loc.index_select(0, row_idx).long()
     num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
     b = len(rows)
+    num_heads = query.shape[1]
     k = k_cache[tables].reshape(b, max_blocks * block_size, num_kv_heads, head_dim)[:, :max_len]
     v = v_cache[tables].reshape(b, max_blocks * block_size, num_kv_heads, head_dim)[:, :max_len]
-    k = _expand_kv(k.transpose(1, 2), group).to(query.dtype)
-    v = _expand_kv(v.transpose(1, 2), group).to(query.dtype)
-    q = query.index_select(0, token_idx).unsqueeze(2)  # [B, H, 1, D]
+    k = k.transpose(1, 2).to(query.dtype)  # [B, Hkv, L, D]
+    v = v.transpose(1, 2).to(query.dtype)
+    # Grouped-query attention without copying K/V: the q heads of a group become the query
+    # rows of their kv head, [B, Hkv, group, D].
+    q = query.index_select(0, token_idx).view(b, num_kv_heads, group, head_dim)
     lens = torch.tensor(seq_lens, device=query.device)
     mask = (torch.arange(max_len, device=query.device)[None, :] < lens[:, None])[:, None, None, :]
     o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
-    out.index_copy_(0, token_idx, o.squeeze(2))
+    out.index_copy_(0, token_idx, o.reshape(b, num_heads, head_dim))

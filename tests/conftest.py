@@ -9,6 +9,6 @@ import os
 if not os.environ.get("BATCHGEN_REAL_GPU"):
     os.environ["TRITON_INTERPRET"] = "1"
 
-import torch  # noqa: E402
+import torch
 
 torch.set_num_threads(1)

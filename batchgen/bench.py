@@ -1,0 +1,150 @@
+"""`batchgen bench`: throughput of the engine's batching modes, side by side in one process.
+
+All modes run the same prompts with the same weights, one after the other, so the ratios are
+comparable even on a shared, noisy machine. Figures come out as a table and as JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from tqdm.auto import tqdm
+
+from .config import CacheConfig, RunnerConfig, SchedulerConfig
+from .engine import LLMEngine
+from .models.checkpoint import Checkpoint, load_checkpoint
+from .sampling_params import SamplingParams
+from .sharegpt import load_sharegpt_prompts
+
+__all__ = ["BenchResult", "run_bench"]
+
+
+@dataclass(frozen=True, slots=True)
+class BenchResult:
+    mode: str
+    wall_s: float
+    num_requests: int
+    prompt_tokens: int
+    output_tokens: int
+    output_tokens_per_s: float
+    total_tokens_per_s: float
+    num_steps: int
+    prefill_tokens_computed: int
+    cached_prompt_tokens: int
+    num_preemptions: int
+    peak_kv_blocks_used: int
+
+
+def _run_mode(
+    checkpoint: Checkpoint,
+    prompts: Sequence[list[int]],
+    params: SamplingParams,
+    *,
+    batching: str,
+    max_num_seqs: int,
+    max_num_batched_tokens: int,
+    dtype: str | None,
+    device: str | None,
+    use_tqdm: bool,
+) -> BenchResult:
+    engine = LLMEngine(
+        checkpoint,
+        scheduler_config=SchedulerConfig(
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens,
+            batching=batching,  # type: ignore[arg-type]
+        ),
+        cache_config=CacheConfig(),
+        runner_config=RunnerConfig(device=device, dtype=dtype),
+    )
+    for token_ids in prompts:
+        engine.add_request(list(token_ids), params)
+    bar = tqdm(total=len(prompts), desc=f"bench {batching}", unit="req", disable=not use_tqdm)
+    start = time.perf_counter()
+    while engine.has_unfinished():
+        bar.update(len(engine.step()))
+    wall = time.perf_counter() - start
+    bar.close()
+    stats = engine.stats()
+    prompt_tokens = sum(len(p) for p in prompts)
+    return BenchResult(
+        mode=batching,
+        wall_s=round(wall, 3),
+        num_requests=len(prompts),
+        prompt_tokens=prompt_tokens,
+        output_tokens=stats.generation_tokens,
+        output_tokens_per_s=round(stats.generation_tokens / wall, 2),
+        total_tokens_per_s=round((stats.generation_tokens + prompt_tokens) / wall, 2),
+        num_steps=stats.num_steps,
+        prefill_tokens_computed=stats.prefill_tokens_computed,
+        cached_prompt_tokens=stats.cached_prompt_tokens,
+        num_preemptions=stats.num_preemptions,
+        peak_kv_blocks_used=stats.peak_kv_blocks_used,
+    )
+
+
+def run_bench(
+    *,
+    model: str | None,
+    num_prompts: int,
+    max_tokens: int,
+    modes: Sequence[str],
+    max_num_seqs: int,
+    max_num_batched_tokens: int,
+    dtype: str | None,
+    device: str | None,
+    out: Path | None,
+    use_tqdm: bool = True,
+) -> list[BenchResult]:
+    """Chat-templated ShareGPT prompts, greedy, `max_tokens` new tokens each, for every mode."""
+    checkpoint = load_checkpoint(model)
+    tok = checkpoint.tokenizer
+    prompts = [
+        tok.encode_chat([{"role": "user", "content": p.text}])
+        for p in load_sharegpt_prompts(num_prompts, max_chars=1500)
+    ]
+    params = SamplingParams(temperature=0, max_tokens=max_tokens)
+    results = [
+        _run_mode(
+            checkpoint,
+            prompts,
+            params,
+            batching=mode,
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens,
+            dtype=dtype,
+            device=device,
+            use_tqdm=use_tqdm,
+        )
+        for mode in modes
+    ]
+    print(format_table(results))
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        payload = {
+            "model": str(checkpoint.source),
+            "num_prompts": num_prompts,
+            "max_tokens": max_tokens,
+            "max_num_seqs": max_num_seqs,
+            "results": [asdict(r) for r in results],
+        }
+        out.write_text(json.dumps(payload, indent=2))
+    return results
+
+
+def format_table(results: Sequence[BenchResult]) -> str:
+    base = results[-1].output_tokens_per_s if results else 0.0
+    lines = [
+        f"{'mode':<12}{'wall s':>9}{'out tok':>9}{'out tok/s':>11}{'vs last':>9}{'steps':>8}{'prefill':>9}{'preempt':>9}"
+    ]
+    for r in results:
+        ratio = r.output_tokens_per_s / base if base else float("nan")
+        lines.append(
+            f"{r.mode:<12}{r.wall_s:>9.1f}{r.output_tokens:>9}{r.output_tokens_per_s:>11.1f}{ratio:>8.2f}x"
+            f"{r.num_steps:>8}{r.prefill_tokens_computed:>9}{r.num_preemptions:>9}"
+        )
+    return "\n".join(lines)

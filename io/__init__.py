@@ -1,0 +1,54 @@
+"""batchgen.io: Parquet in, Parquet out, and the manifest that makes a job resumable.
+
+Owns (one module each):
+- ``schema``: the input column roles (`ColumnMap`) and the fixed output schema, identical for
+  success and error rows (`output_schema`, `OutputRow`, `rows_to_batch`);
+- ``reader``: listing input shards, footer-only schema checks, bounded-memory batch streams;
+- ``writer``: output shards written to a temporary file and renamed whole on commit;
+- ``manifest``: ``manifest.json``, the committed shards and the configuration fingerprint;
+- ``errors``: `InputError`, whose message is shown to users as it is.
+
+Sees only Arrow record batches and files, never a sequence or a model. Blocking calls (all of
+them) are meant to run in worker threads.
+
+May import: the standard library, pyarrow and (lazily) polars. Never torch, never another
+batchgen package.
+"""
+
+from __future__ import annotations
+
+from .errors import InputError
+from .manifest import MANIFEST_NAME, Manifest, ShardRecord, summarize_output_shard
+from .reader import ShardInfo, inspect_shard, iter_shard_batches, list_input_shards
+from .schema import (
+    FINISH_REASONS,
+    OUTPUT_COLUMNS,
+    ColumnMap,
+    OutputRow,
+    output_schema,
+    passthrough_fields,
+    rows_to_batch,
+)
+from .writer import OutputShardWriter, check_output_dir, clean_temp_files
+
+__all__ = [
+    "FINISH_REASONS",
+    "MANIFEST_NAME",
+    "OUTPUT_COLUMNS",
+    "ColumnMap",
+    "InputError",
+    "Manifest",
+    "OutputRow",
+    "OutputShardWriter",
+    "ShardInfo",
+    "ShardRecord",
+    "check_output_dir",
+    "clean_temp_files",
+    "inspect_shard",
+    "iter_shard_batches",
+    "list_input_shards",
+    "output_schema",
+    "passthrough_fields",
+    "rows_to_batch",
+    "summarize_output_shard",
+]

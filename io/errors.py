@@ -1,0 +1,15 @@
+"""The one exception `batchgen.io` raises for bad input, output folders and manifests.
+
+Owns: `InputError`. Its message is meant for users as it is (the CLI prints ``str(exc)`` without
+a traceback), so every raise names the file or folder, the column or key, and what was expected.
+
+May import: the standard library only.
+"""
+
+from __future__ import annotations
+
+__all__ = ["InputError"]
+
+
+class InputError(Exception):
+    """A problem with the job's input shards, output folder or manifest, worded for users."""

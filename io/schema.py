@@ -1,0 +1,258 @@
+"""The fixed output schema of a job and the mapping from input columns to roles.
+
+Owns: `ColumnMap` (which input column is the id, the prompt or the messages, the per-row
+sampling parameters, the passthrough columns), `OutputRow` (one finished sample, plain Python
+values) and `output_schema` / `rows_to_batch`, which turn rows into Arrow record batches.
+
+Invariants:
+- Output columns, in order: ``id``, ``sample_index``, the passthrough columns (their input
+  types), ``output``, ``finish_reason``, ``stop_reason``,
+  ``usage{prompt_tokens, completion_tokens, cached_tokens}``, ``error{code, message}``, ``seed``,
+  then optionally ``output_token_ids`` and ``logprobs``.
+- Types are fixed up front from the input's id type and passthrough types: a success row and an
+  error row have the same types, so any mix of them forms one batch and one shard.
+- ``error`` is null exactly on success rows (``finish_reason`` "stop" or "length");
+  ``usage`` is never null.
+- A passthrough column may not carry the name of an output column.
+
+May import: the standard library and pyarrow. Nothing of batchgen, no torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+
+__all__ = [
+    "FINISH_REASONS",
+    "OUTPUT_COLUMNS",
+    "ColumnMap",
+    "OutputRow",
+    "output_schema",
+    "passthrough_fields",
+    "rows_to_batch",
+]
+
+FINISH_REASONS = ("stop", "length", "error")
+
+# Every name the output schema may use; passthrough columns must avoid all of them.
+OUTPUT_COLUMNS = (
+    "id",
+    "sample_index",
+    "output",
+    "finish_reason",
+    "stop_reason",
+    "usage",
+    "error",
+    "seed",
+    "output_token_ids",
+    "logprobs",
+)
+
+_USAGE_TYPE = pa.struct(
+    [
+        pa.field("prompt_tokens", pa.int32()),
+        pa.field("completion_tokens", pa.int32()),
+        pa.field("cached_tokens", pa.int32()),
+    ]
+)
+_ERROR_TYPE = pa.struct([pa.field("code", pa.string()), pa.field("message", pa.string())])
+_TOKEN_IDS_TYPE = pa.list_(pa.int32())
+_LOGPROBS_TYPE = pa.list_(pa.float32())
+
+
+def _check_name(role: str, value: object) -> None:
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"{role}: expected a non-empty column name, got {value!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class ColumnMap:
+    """Names of the input columns by role; exactly one of `prompt` and `messages` is set.
+
+    `prompt` holds plain text; `messages` holds a chat (a list of ``{role, content}``).
+    `sampling_params`, when set, is a struct column of per-row overrides. `passthrough`
+    columns are copied to the output unchanged, in this order.
+    Raises ValueError on an empty name, both or neither of prompt/messages, a repeated
+    passthrough name or a passthrough name that an output column already uses.
+    """
+
+    id: str = "id"
+    prompt: str | None = "prompt"
+    messages: str | None = None
+    sampling_params: str | None = None
+    passthrough: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        _check_name("columns.id", self.id)
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError(
+                "columns: set exactly one of 'prompt' and 'messages', "
+                f"got prompt={self.prompt!r}, messages={self.messages!r}"
+            )
+        if self.prompt is not None:
+            _check_name("columns.prompt", self.prompt)
+        if self.messages is not None:
+            _check_name("columns.messages", self.messages)
+        if self.sampling_params is not None:
+            _check_name("columns.sampling_params", self.sampling_params)
+        if not isinstance(self.passthrough, tuple):
+            raise ValueError(
+                f"columns.passthrough: expected a tuple of column names, got {self.passthrough!r}"
+            )
+        for name in self.passthrough:
+            _check_name("columns.passthrough", name)
+        _check_passthrough_names(self.passthrough)
+
+    @property
+    def text_column(self) -> str:
+        """The prompt column, or the messages column for chats."""
+        name = self.prompt if self.prompt is not None else self.messages
+        assert name is not None  # __post_init__ guarantees one of them
+        return name
+
+    @property
+    def required_columns(self) -> tuple[str, ...]:
+        """The input columns to read: id, prompt or messages, sampling_params, passthrough."""
+        names = [self.id, self.text_column]
+        if self.sampling_params is not None:
+            names.append(self.sampling_params)
+        names.extend(self.passthrough)
+        return tuple(dict.fromkeys(names))
+
+
+def _check_passthrough_names(names: Sequence[str]) -> None:
+    seen: set[str] = set()
+    for name in names:
+        if name in OUTPUT_COLUMNS:
+            raise ValueError(
+                f"columns.passthrough: column {name!r} has the name of an output column; "
+                f"output columns are {', '.join(OUTPUT_COLUMNS)}"
+            )
+        if name in seen:
+            raise ValueError(f"columns.passthrough: column {name!r} is listed twice")
+        seen.add(name)
+
+
+@dataclass(frozen=True, slots=True)
+class OutputRow:
+    """One output row: one sample of one input row, as plain Python values.
+
+    `passthrough` holds the passthrough values in `ColumnMap.passthrough` order. Token counts
+    are per sample. An error row has finish_reason "error" and an `error_code`; any other row
+    has neither. Raises ValueError when that does not hold.
+    """
+
+    id: int | str
+    sample_index: int
+    passthrough: tuple[Any, ...]
+    output: str | None
+    finish_reason: str
+    stop_reason: str | None
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    error_code: str | None
+    error_message: str | None
+    seed: int
+    output_token_ids: tuple[int, ...] | None = None
+    logprobs: tuple[float, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if self.finish_reason not in FINISH_REASONS:
+            raise ValueError(
+                f"OutputRow.finish_reason must be one of {FINISH_REASONS}, got {self.finish_reason!r}"
+            )
+        if (self.finish_reason == "error") != (self.error_code is not None):
+            raise ValueError(
+                "OutputRow: finish_reason 'error' goes with an error_code and only with one, "
+                f"got finish_reason={self.finish_reason!r}, error_code={self.error_code!r}"
+            )
+
+    @property
+    def is_error(self) -> bool:
+        return self.error_code is not None
+
+
+def output_schema(
+    id_type: pa.DataType, passthrough: pa.Schema, *, with_token_ids: bool, with_logprobs: bool
+) -> pa.Schema:
+    """The output schema for an input with this id type and these passthrough fields.
+
+    Raises ValueError when id_type is neither an integer nor a string type, or when a
+    passthrough field is named like an output column.
+    """
+    if not (
+        pa.types.is_integer(id_type)
+        or pa.types.is_string(id_type)
+        or pa.types.is_large_string(id_type)
+    ):
+        raise ValueError(f"output_schema: id must be an integer or string type, got {id_type}")
+    _check_passthrough_names(passthrough.names)
+    fields = [pa.field("id", id_type), pa.field("sample_index", pa.int32())]
+    fields.extend(pa.field(f.name, f.type) for f in passthrough)
+    fields += [
+        pa.field("output", pa.string()),
+        pa.field("finish_reason", pa.string()),
+        pa.field("stop_reason", pa.string()),
+        pa.field("usage", _USAGE_TYPE),
+        pa.field("error", _ERROR_TYPE),
+        pa.field("seed", pa.int64()),
+    ]
+    if with_token_ids:
+        fields.append(pa.field("output_token_ids", _TOKEN_IDS_TYPE))
+    if with_logprobs:
+        fields.append(pa.field("logprobs", _LOGPROBS_TYPE))
+    return pa.schema(fields)
+
+
+def passthrough_fields(schema: pa.Schema) -> list[pa.Field]:
+    """The passthrough fields of an output schema, in order."""
+    return [f for f in schema if f.name not in OUTPUT_COLUMNS]
+
+
+def rows_to_batch(rows: Sequence[OutputRow], schema: pa.Schema) -> pa.RecordBatch:
+    """Build one record batch of `schema` (from `output_schema`) from rows, in row order.
+
+    Optional columns present in the schema hold null for rows without the values. Raises
+    ValueError when a row's passthrough values do not match the schema's passthrough fields,
+    and pyarrow's ArrowInvalid/ArrowTypeError when a value does not fit its column's type.
+    """
+    extra = passthrough_fields(schema)
+    for row in rows:
+        if len(row.passthrough) != len(extra):
+            raise ValueError(
+                f"rows_to_batch: row {row.id!r} has {len(row.passthrough)} passthrough values, "
+                f"the schema has {len(extra)} passthrough columns"
+            )
+    columns: dict[str, list[Any]] = {
+        "id": [r.id for r in rows],
+        "sample_index": [r.sample_index for r in rows],
+        "output": [r.output for r in rows],
+        "finish_reason": [r.finish_reason for r in rows],
+        "stop_reason": [r.stop_reason for r in rows],
+        "usage": [
+            {
+                "prompt_tokens": r.prompt_tokens,
+                "completion_tokens": r.completion_tokens,
+                "cached_tokens": r.cached_tokens,
+            }
+            for r in rows
+        ],
+        "error": [
+            None if r.error_code is None else {"code": r.error_code, "message": r.error_message}
+            for r in rows
+        ],
+        "seed": [r.seed for r in rows],
+        "output_token_ids": [
+            None if r.output_token_ids is None else list(r.output_token_ids) for r in rows
+        ],
+        "logprobs": [None if r.logprobs is None else list(r.logprobs) for r in rows],
+    }
+    for idx, field in enumerate(extra):
+        columns[field.name] = [r.passthrough[idx] for r in rows]
+    arrays = [pa.array(columns[f.name], type=f.type) for f in schema]
+    return pa.RecordBatch.from_arrays(arrays, schema=schema)

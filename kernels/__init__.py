@@ -1,0 +1,29 @@
+"""Attention over the paged KV cache and other fused ops, dispatched by device.
+
+Triton kernels run on CUDA; the PyTorch path runs everywhere else. The engine calls only the
+functions listed in `__all__`. This package imports torch (and triton lazily), nothing of batchgen.
+"""
+
+from __future__ import annotations
+
+from .dispatch import (
+    Backend,
+    RmsNormOutput,
+    paged_attention,
+    resolve_backend,
+    rms_norm,
+    rotary_embedding,
+    write_kv,
+)
+from .metadata import AttentionMetadata
+
+__all__ = [
+    "AttentionMetadata",
+    "Backend",
+    "RmsNormOutput",
+    "paged_attention",
+    "resolve_backend",
+    "rms_norm",
+    "rotary_embedding",
+    "write_kv",
+]

@@ -1,0 +1,138 @@
+"""One entry point per op; picks the Triton or PyTorch implementation.
+
+`backend` is "torch", "triton" or None (None: Triton on CUDA tensors, PyTorch otherwise).
+"triton" on CPU tensors works only under the Triton interpreter (TRITON_INTERPRET=1 set before
+the first Triton call); that is how CI tests the kernels. Triton modules are imported lazily, on
+the first Triton call, so importing this package needs no triton and costs nothing on CPU.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, NamedTuple
+
+import torch
+
+from .attention_torch import paged_attention_torch, write_kv_torch
+from .metadata import AttentionMetadata
+
+__all__ = [
+    "Backend",
+    "RmsNormOutput",
+    "paged_attention",
+    "resolve_backend",
+    "rms_norm",
+    "rotary_embedding",
+    "write_kv",
+]
+
+Backend = Literal["torch", "triton"]
+
+
+def resolve_backend(backend: Backend | None, device: torch.device) -> Backend:
+    """The backend to use for tensors on `device`; raises ValueError for an unknown name."""
+    if backend is None:
+        return "triton" if device.type == "cuda" else "torch"
+    if backend not in ("torch", "triton"):
+        raise ValueError(f"attention backend must be 'torch' or 'triton', got {backend!r}")
+    return backend
+
+
+def write_kv(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    *,
+    backend: Backend | None = None,
+) -> None:
+    """Write the step's K/V ([num_tokens, num_kv_heads, head_dim]) into the pool at slot_mapping.
+
+    Mutates k_cache/v_cache. Triton skips slot -1 (padding tokens); the PyTorch path needs every
+    slot valid (index_copy_ raises IndexError on -1).
+    """
+    if resolve_backend(backend, key.device) == "triton":
+        from .triton_kv import write_kv_triton  # lazy: triton may be missing, and costs on CPU
+
+        write_kv_triton(key, value, k_cache, v_cache, slot_mapping)
+        return
+    write_kv_torch(key, value, k_cache, v_cache, slot_mapping)
+
+
+def paged_attention(
+    query: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+    *,
+    backend: Backend | None = None,
+) -> torch.Tensor:
+    """Attention for a flat batch of decode tokens and prefill chunks; see metadata.py.
+
+    query: [num_tokens, num_heads, head_dim]; returns a new tensor of its shape and dtype. The
+    Triton path needs query and caches of one dtype (fp16/bf16/fp32) and a power-of-two head_dim
+    in [16, 256], and raises ValueError otherwise.
+    """
+    if resolve_backend(backend, query.device) == "triton":
+        from .triton_attention import paged_attention_triton
+
+        return paged_attention_triton(query, k_cache, v_cache, meta, scale)
+    return paged_attention_torch(query, k_cache, v_cache, meta, scale)
+
+
+class RmsNormOutput(NamedTuple):
+    """`out` = the normalised hidden states; `residual` = the input to the next residual add."""
+
+    out: torch.Tensor
+    residual: torch.Tensor
+
+
+def rms_norm(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    residual: torch.Tensor | None = None,
+    *,
+    backend: Backend | None = None,
+) -> RmsNormOutput:
+    """RMSNorm of x [num_tokens, hidden], after adding residual when given (Hugging Face rounding).
+
+    h = x + residual (in x.dtype; h = x without a residual); out = weight * (h / rms(h)).to(x.dtype),
+    statistics in fp32. Returns (out, h); mutates nothing. out has x's dtype.
+    """
+    if resolve_backend(backend, x.device) == "triton":
+        from .triton_norm_rope import rms_norm_triton
+
+        return RmsNormOutput(*rms_norm_triton(x, weight, eps, residual))
+    h = x if residual is None else x + residual
+    hf = h.float()
+    normed = hf * torch.rsqrt(hf.pow(2).mean(dim=-1, keepdim=True) + eps)
+    return RmsNormOutput((weight * normed.to(x.dtype)).to(x.dtype), h)
+
+
+def rotary_embedding(
+    positions: torch.Tensor,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    cos_cache: torch.Tensor,
+    sin_cache: torch.Tensor,
+    *,
+    backend: Backend | None = None,
+) -> None:
+    """Rotate query [T, H, D] and key [T, KVH, D] in place ("rotate_half" form, whole head).
+
+    positions: int [T]; cos_cache/sin_cache: [max_positions, D // 2], usually fp32. Computed in
+    fp32, rounded once to the q/k dtype. Mutates query and key (views into a fused qkv are fine).
+    """
+    if resolve_backend(backend, query.device) == "triton":
+        from .triton_norm_rope import rotary_embedding_triton
+
+        rotary_embedding_triton(positions, query, key, cos_cache, sin_cache)
+        return
+    half = query.shape[-1] // 2
+    cos = cos_cache.index_select(0, positions).float().unsqueeze(1)  # [T, 1, D/2]
+    sin = sin_cache.index_select(0, positions).float().unsqueeze(1)
+    for x in (query, key):
+        x1, x2 = x[..., :half].float(), x[..., half:].float()
+        x.copy_(torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1))

@@ -1,0 +1,277 @@
+"""The radix prefix cache: a tree over hashed full KV blocks.
+
+Owns the tree (hash chain -> cached block) and its counters. Each node is one full block::
+
+    root ─► node(block 3: tokens 0..bs-1) ─► node(block 7: tokens bs..2bs-1) ─► ...
+                                          └► node(block 9: other tokens bs..2bs-1)
+
+A node stores its hash, block id, position in the chain (``block_idx``), the block's tokens,
+its extra key, its parent (None under the root) and its children keyed by hash (a plain dict:
+lookups never create nodes). An index maps block id -> node.
+
+Invariants (``check_invariants``):
+- parent/child links agree and each child sits under the key of its own hash;
+- each hash recomputes from (parent hash or ``ROOT_HASH``, tokens, extra key, seed);
+- each node holds exactly ``block_size`` tokens and ``block_idx`` = parent's + 1 (0 at the root);
+- the index holds exactly the nodes of the tree and a block id appears at most once;
+- a hit is confirmed by comparing stored tokens and extra key, so a hash collision can never
+  return blocks that hold other tokens.
+
+The cache keeps no clock and no ref counts: the LRU order of cached blocks and whether a block is
+referenced live in ``BlockPool`` and are combined by ``KVCacheManager``. May import: the standard
+library and ``hashing`` only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from .hashing import ROOT_HASH, hash_block
+
+__all__ = ["CacheMatch", "CacheStats", "RadixCache"]
+
+
+@dataclass(frozen=True, slots=True)
+class CacheMatch:
+    """Result of a prefix lookup: the cached blocks of the longest chain, root first.
+
+    ``num_tokens`` = ``len(block_ids) * block_size`` (only full blocks are ever cached).
+    """
+
+    block_ids: tuple[int, ...] = ()
+    num_tokens: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class CacheStats:
+    """Counters of a ``RadixCache`` since construction."""
+
+    num_lookups: int = 0
+    num_hit_tokens: int = 0
+    num_evictions: int = 0
+    num_cached_blocks: int = 0
+
+
+@dataclass(slots=True, eq=False)
+class _Node:
+    block_hash: int
+    block_id: int
+    block_idx: int
+    token_ids: tuple[int, ...]
+    extra_key: int
+    parent: _Node | None
+    children: dict[int, _Node] = field(default_factory=dict)
+
+
+class RadixCache:
+    """Tree of cached full blocks keyed by chained block hashes; see the module docstring."""
+
+    def __init__(self, block_size: int, hash_seed: int = 0) -> None:
+        if block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {block_size}")
+        if not 0 <= hash_seed < (1 << 64):
+            raise ValueError(f"hash_seed must be in [0, 2**64), got {hash_seed}")
+        self._block_size = block_size
+        self._hash_seed = hash_seed
+        self._root_children: dict[int, _Node] = {}
+        self._nodes_by_block_id: dict[int, _Node] = {}
+        self._num_lookups = 0
+        self._num_hit_tokens = 0
+        self._num_evictions = 0
+
+    @property
+    def block_size(self) -> int:
+        return self._block_size
+
+    @property
+    def num_cached_blocks(self) -> int:
+        return len(self._nodes_by_block_id)
+
+    def _children(self, parent: _Node | None) -> dict[int, _Node]:
+        return self._root_children if parent is None else parent.children
+
+    def _block_tokens(self, token_ids: Sequence[int], block_idx: int) -> tuple[int, ...]:
+        start = block_idx * self._block_size
+        return tuple(token_ids[start : start + self._block_size])
+
+    def _hash(self, parent: _Node | None, token_ids: tuple[int, ...], extra_key: int) -> int:
+        parent_hash = ROOT_HASH if parent is None else parent.block_hash
+        return hash_block(parent_hash, token_ids, extra_key, self._hash_seed)
+
+    def match(self, token_ids: Sequence[int], extra_key: int = 0) -> CacheMatch:
+        """Longest chain of cached blocks holding the full blocks of ``token_ids``.
+
+        Reads the tree only (hashing stops at the first miss). Counts one lookup and the hit
+        tokens in ``stats()``.
+        """
+        block_ids: list[int] = []
+        parent: _Node | None = None
+        for block_idx in range(len(token_ids) // self._block_size):
+            block_tokens = self._block_tokens(token_ids, block_idx)
+            node = self._children(parent).get(self._hash(parent, block_tokens, extra_key))
+            # A hash hit counts only if the content is equal: a collision is a miss.
+            if node is None or node.token_ids != block_tokens or node.extra_key != extra_key:
+                break
+            block_ids.append(node.block_id)
+            parent = node
+        num_tokens = len(block_ids) * self._block_size
+        self._num_lookups += 1
+        self._num_hit_tokens += num_tokens
+        return CacheMatch(block_ids=tuple(block_ids), num_tokens=num_tokens)
+
+    def insert(
+        self,
+        token_ids: Sequence[int],
+        block_ids: Sequence[int],
+        extra_key: int = 0,
+        *,
+        start_block_idx: int = 0,
+    ) -> int:
+        """Cache the chain ``block_ids``; block i holds ``token_ids[i*bs:(i+1)*bs]``.
+
+        Walks from the root. A position already cached with the same block id is skipped; a
+        position cached with a different block id (same content computed elsewhere, or a hash
+        collision) stops the insertion there, so a cached node's ancestors are always blocks
+        of one sequence's chain. Returns the number of blocks newly inserted.
+
+        ``start_block_idx`` > 0 resumes the walk at the node of ``block_ids[start_block_idx-1]``
+        instead of re-hashing the chain from the root; that block must be cached at that
+        position with those tokens (a previous insert of the same chain got past it).
+
+        Raises ValueError when ``token_ids`` cover fewer than ``len(block_ids)`` full blocks,
+        when a block id to insert is already cached elsewhere (or twice in ``block_ids``), when
+        a block id is cached here with other tokens, or when ``start_block_idx`` is not a cached
+        position of this chain.
+        """
+        num_blocks = len(block_ids)
+        if len(token_ids) < num_blocks * self._block_size:
+            raise ValueError(
+                f"token_ids has {len(token_ids)} tokens, fewer than the {num_blocks} full "
+                f"blocks of {self._block_size} tokens in block_ids"
+            )
+        if not 0 <= start_block_idx <= num_blocks:
+            raise ValueError(f"start_block_idx must be in [0, {num_blocks}], got {start_block_idx}")
+        parent: _Node | None = None
+        if start_block_idx > 0:
+            prev_idx = start_block_idx - 1
+            parent = self._nodes_by_block_id.get(block_ids[prev_idx])
+            if (
+                parent is None
+                or parent.block_idx != prev_idx
+                or parent.extra_key != extra_key
+                or parent.token_ids != self._block_tokens(token_ids, prev_idx)
+            ):
+                raise ValueError(
+                    f"start_block_idx={start_block_idx}: block {block_ids[prev_idx]} is not "
+                    f"cached at position {prev_idx} with these tokens"
+                )
+        num_inserted = 0
+        for block_idx in range(start_block_idx, num_blocks):
+            block_id = block_ids[block_idx]
+            block_tokens = self._block_tokens(token_ids, block_idx)
+            block_hash = self._hash(parent, block_tokens, extra_key)
+            children = self._children(parent)
+            node = children.get(block_hash)
+            if node is not None:
+                if node.block_id != block_id:
+                    break  # someone else's block holds this position: stop here
+                if node.token_ids != block_tokens or node.extra_key != extra_key:
+                    raise ValueError(
+                        f"block {block_id} is cached with other tokens than the ones given"
+                    )
+                parent = node
+                continue
+            if block_id in self._nodes_by_block_id:
+                raise ValueError(f"block {block_id} is already cached at another position")
+            node = _Node(
+                block_hash=block_hash,
+                block_id=block_id,
+                block_idx=block_idx,
+                token_ids=block_tokens,
+                extra_key=extra_key,
+                parent=parent,
+            )
+            children[block_hash] = node
+            self._nodes_by_block_id[block_id] = node
+            num_inserted += 1
+            parent = node
+        return num_inserted
+
+    def _node(self, block_id: int) -> _Node:
+        node = self._nodes_by_block_id.get(block_id)
+        if node is None:
+            raise ValueError(f"block {block_id} is not cached")
+        return node
+
+    def is_cached(self, block_id: int) -> bool:
+        return block_id in self._nodes_by_block_id
+
+    def is_leaf(self, block_id: int) -> bool:
+        """Whether the cached ``block_id`` has no cached children; ValueError if not cached."""
+        return not self._node(block_id).children
+
+    def parent_block_id(self, block_id: int) -> int | None:
+        """Block id of the cached ``block_id``'s parent, None under the root; ValueError if not
+        cached."""
+        parent = self._node(block_id).parent
+        return None if parent is None else parent.block_id
+
+    def block_token_ids(self, block_id: int) -> tuple[int, ...]:
+        """Tokens the cached ``block_id`` holds; ValueError if not cached."""
+        return self._node(block_id).token_ids
+
+    def evict(self, block_id: int) -> None:
+        """Remove the cached leaf ``block_id``; ValueError if not cached or not a leaf."""
+        node = self._node(block_id)
+        if node.children:
+            raise ValueError(f"block {block_id} is not a leaf ({len(node.children)} children)")
+        del self._children(node.parent)[node.block_hash]
+        del self._nodes_by_block_id[block_id]
+        self._num_evictions += 1
+
+    def stats(self) -> CacheStats:
+        return CacheStats(
+            num_lookups=self._num_lookups,
+            num_hit_tokens=self._num_hit_tokens,
+            num_evictions=self._num_evictions,
+            num_cached_blocks=self.num_cached_blocks,
+        )
+
+    def check_invariants(self) -> None:
+        """Raise AssertionError on a broken link, hash, index entry or duplicate block id."""
+        seen: dict[int, _Node] = {}
+        stack: list[tuple[_Node | None, dict[int, _Node]]] = [(None, self._root_children)]
+        while stack:  # iterative: chains of long sequences are deeper than the recursion limit
+            parent, children = stack.pop()
+            for key, node in children.items():
+                if node.parent is not parent:
+                    raise AssertionError(f"block {node.block_id}: parent link disagrees")
+                if key != node.block_hash:
+                    raise AssertionError(f"block {node.block_id} filed under another hash")
+                if node.block_hash != self._hash(parent, node.token_ids, node.extra_key):
+                    raise AssertionError(f"block {node.block_id}: hash does not recompute")
+                if len(node.token_ids) != self._block_size:
+                    raise AssertionError(
+                        f"block {node.block_id} holds {len(node.token_ids)} tokens"
+                    )
+                expected_idx = 0 if parent is None else parent.block_idx + 1
+                if node.block_idx != expected_idx:
+                    raise AssertionError(
+                        f"block {node.block_id} at block_idx {node.block_idx}, "
+                        f"expected {expected_idx}"
+                    )
+                if node.block_id in seen:
+                    raise AssertionError(f"block {node.block_id} appears twice in the tree")
+                seen[node.block_id] = node
+                if self._nodes_by_block_id.get(node.block_id) is not node:
+                    raise AssertionError(f"index entry of block {node.block_id} is wrong")
+                stack.append((node, node.children))
+        if len(seen) != len(self._nodes_by_block_id):
+            raise AssertionError(
+                f"index has {len(self._nodes_by_block_id)} blocks, tree has {len(seen)}"
+            )
+        if min(self._num_lookups, self._num_hit_tokens, self._num_evictions) < 0:
+            raise AssertionError("a counter is negative")
+        if self._num_hit_tokens % self._block_size != 0:
+            raise AssertionError("num_hit_tokens is not a whole number of blocks")

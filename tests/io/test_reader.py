@@ -1,0 +1,228 @@
+"""Input shards: listing, footer-only schema checks with user-facing errors, batch streaming."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from batchgen.io import ColumnMap, InputError, inspect_shard, iter_shard_batches, list_input_shards
+
+MESSAGE = pa.struct([pa.field("role", pa.string()), pa.field("content", pa.string())])
+
+
+def _write(path: Path, table: pa.Table, **kwargs: object) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(table, path, **kwargs)
+    return path
+
+
+def _prompts(num_rows: int, start: int = 0) -> pa.Table:
+    ids = list(range(start, start + num_rows))
+    return pa.table(
+        {
+            "id": pa.array(ids, pa.int64()),
+            "prompt": [f"prompt {i}" for i in ids],
+            "lang": ["en" if i % 2 else "fr" for i in ids],
+            "unused": [float(i) for i in ids],
+        }
+    )
+
+
+# --- list_input_shards ---------------------------------------------------------------------
+
+
+def test_folder_lists_parquet_files_sorted_not_recursive(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    for name in ("b.parquet", "a.parquet", "sub/c.parquet"):
+        _write(data / name, _prompts(1))
+    (data / "notes.txt").write_text("not a shard")
+    (data / ".a.parquet.tmp-1-ff").write_bytes(b"leftover")
+    assert list_input_shards("data", tmp_path) == [data / "a.parquet", data / "b.parquet"]
+    assert list_input_shards(str(data), Path("/nonexistent")) == [
+        data / "a.parquet",
+        data / "b.parquet",
+    ]
+
+
+def test_glob_relative_to_base_dir_and_recursive(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    for name in ("x/p1.parquet", "y/p0.parquet", "y/skip.txt"):
+        _write(data / name, _prompts(1))
+    assert list_input_shards("data/*/*.parquet", tmp_path) == [
+        data / "x/p1.parquet",
+        data / "y/p0.parquet",
+    ]
+    assert list_input_shards("data/**/p0.parquet", tmp_path) == [data / "y/p0.parquet"]
+    assert list_input_shards("data/x/p1.parquet", tmp_path) == [data / "x/p1.parquet"]
+
+
+def test_missing_folder(tmp_path: Path) -> None:
+    with pytest.raises(InputError, match=r"input 'data/prompts' does not exist \(resolved to /"):
+        list_input_shards("data/prompts", tmp_path)
+
+
+def test_empty_folder(tmp_path: Path) -> None:
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "readme.txt").write_text("x")
+    with pytest.raises(InputError, match=r"no Parquet files in input folder 'empty'"):
+        list_input_shards("empty", tmp_path)
+
+
+def test_glob_matching_nothing(tmp_path: Path) -> None:
+    with pytest.raises(InputError) as info:
+        list_input_shards("data/*.parquet", tmp_path)
+    assert str(info.value) == (
+        f"no Parquet files match 'data/*.parquet' (resolved to {tmp_path}/data/*.parquet)"
+    )
+
+
+def test_duplicate_shard_names(tmp_path: Path) -> None:
+    _write(tmp_path / "a" / "part-0.parquet", _prompts(1))
+    _write(tmp_path / "b" / "part-0.parquet", _prompts(1))
+    with pytest.raises(InputError, match="share the file name 'part-0.parquet'"):
+        list_input_shards("*/*.parquet", tmp_path)
+
+
+# --- inspect_shard -------------------------------------------------------------------------
+
+
+def test_inspect_reads_footer(tmp_path: Path) -> None:
+    path = _write(tmp_path / "p.parquet", _prompts(5))
+    info = inspect_shard(path, ColumnMap(passthrough=("lang",)))
+    assert info.path == path
+    assert info.name == "p.parquet"
+    assert info.num_rows == 5
+    assert info.id_type == pa.int64()
+    assert info.passthrough == pa.schema([pa.field("lang", pa.string())])
+
+
+def test_corrupt_parquet(tmp_path: Path) -> None:
+    path = tmp_path / "bad.parquet"
+    path.write_bytes(b"this is not parquet at all" * 10)
+    with pytest.raises(InputError, match=r"bad\.parquet: not a readable Parquet file"):
+        inspect_shard(path, ColumnMap())
+
+
+def test_missing_id_column_lists_existing_columns(tmp_path: Path) -> None:
+    path = _write(tmp_path / "p.parquet", _prompts(2).drop(["id"]))
+    with pytest.raises(InputError) as info:
+        inspect_shard(path, ColumnMap())
+    assert str(info.value) == (
+        f"{path}: no column 'id' (the id column); the file has columns: prompt, lang, unused"
+    )
+
+
+def test_missing_prompt_column(tmp_path: Path) -> None:
+    path = _write(tmp_path / "p.parquet", _prompts(2))
+    with pytest.raises(InputError, match=r"p\.parquet: no column 'text' \(the prompt column\)"):
+        inspect_shard(path, ColumnMap(prompt="text"))
+
+
+def test_missing_passthrough_column(tmp_path: Path) -> None:
+    path = _write(tmp_path / "p.parquet", _prompts(2))
+    with pytest.raises(InputError, match=r"no column 'country' \(the passthrough column\)"):
+        inspect_shard(path, ColumnMap(passthrough=("country",)))
+
+
+def test_prompt_of_wrong_type(tmp_path: Path) -> None:
+    table = pa.table({"id": [1, 2], "prompt": pa.array([3, 4], pa.int64())})
+    path = _write(tmp_path / "p.parquet", table)
+    with pytest.raises(InputError) as info:
+        inspect_shard(path, ColumnMap())
+    assert str(info.value) == (
+        f"{path}: column 'prompt' (the prompt column) has type int64; expected string"
+    )
+
+
+def test_id_of_wrong_type(tmp_path: Path) -> None:
+    table = pa.table({"id": [1.5, 2.5], "prompt": ["a", "b"]})
+    path = _write(tmp_path / "p.parquet", table)
+    with pytest.raises(InputError, match="'id' .* has type double; expected an integer or string"):
+        inspect_shard(path, ColumnMap())
+
+
+def test_string_id_and_nulls_are_fine(tmp_path: Path) -> None:
+    table = pa.table({"id": ["a", None], "prompt": [None, "b"]})
+    path = _write(tmp_path / "p.parquet", table)
+    assert inspect_shard(path, ColumnMap()).id_type == pa.string()
+
+
+@pytest.mark.parametrize(
+    ("column_type", "problem"),
+    [
+        (pa.string(), "is not a list"),
+        (pa.list_(pa.string()), "holds string, not structs"),
+        (pa.list_(pa.struct([pa.field("role", pa.string())])), "has no 'content' field"),
+        (
+            pa.list_(pa.struct([pa.field("role", pa.int8()), pa.field("content", pa.string())])),
+            "has 'role' of type int8, not string",
+        ),
+    ],
+)
+def test_messages_of_wrong_shape(tmp_path: Path, column_type: pa.DataType, problem: str) -> None:
+    table = pa.table({"id": pa.array([1], pa.int32()), "conv": pa.nulls(1, column_type)})
+    path = _write(tmp_path / "chat.parquet", table)
+    with pytest.raises(InputError) as info:
+        inspect_shard(path, ColumnMap(prompt=None, messages="conv"))
+    message = str(info.value)
+    assert message.startswith(f"{path}: column 'conv' (the messages column) has type")
+    assert problem in message
+    assert message.endswith("expected a list of struct<role: string, content: string>")
+
+
+def test_messages_of_right_shape(tmp_path: Path) -> None:
+    chat_type = pa.list_(
+        pa.struct([*MESSAGE, pa.field("name", pa.string())])  # extra fields are allowed
+    )
+    chats = [[{"role": "user", "content": "hi", "name": None}], None]
+    table = pa.table({"id": [1, 2], "conv": pa.array(chats, chat_type)})
+    path = _write(tmp_path / "chat.parquet", table)
+    assert inspect_shard(path, ColumnMap(prompt=None, messages="conv")).num_rows == 2
+
+
+def test_sampling_params_must_be_struct(tmp_path: Path) -> None:
+    table = _prompts(2).append_column("sp", pa.array([1, 2]))
+    path = _write(tmp_path / "p.parquet", table)
+    with pytest.raises(InputError, match="'sp' .* expected a struct"):
+        inspect_shard(path, ColumnMap(sampling_params="sp"))
+
+
+# --- iter_shard_batches --------------------------------------------------------------------
+
+
+def test_batches_in_order_and_of_batch_rows(tmp_path: Path) -> None:
+    # row groups of 7 rows do not line up with batches of 5: batches still hold 5 rows
+    path = _write(tmp_path / "p.parquet", _prompts(23), row_group_size=7)
+    columns = ColumnMap(passthrough=("lang",))
+    batches = list(iter_shard_batches(path, columns, batch_rows=5))
+    assert [b.num_rows for b in batches] == [5, 5, 5, 5, 3]
+    assert all(b.schema.names == ["id", "prompt", "lang"] for b in batches)
+    table = pa.Table.from_batches(batches)
+    assert table.column("id").to_pylist() == list(range(23))
+    assert table.column("prompt").to_pylist() == [f"prompt {i}" for i in range(23)]
+
+
+def test_batches_follow_required_column_order(tmp_path: Path) -> None:
+    path = _write(tmp_path / "p.parquet", _prompts(3))
+    columns = ColumnMap(id="id", prompt="lang", passthrough=("unused", "prompt"))
+    (batch,) = iter_shard_batches(path, columns, batch_rows=10)
+    assert batch.schema.names == ["id", "lang", "unused", "prompt"]
+
+
+def test_batches_of_an_unreadable_file(tmp_path: Path) -> None:
+    path = tmp_path / "bad.parquet"
+    path.write_bytes(b"garbage")
+    stream = iter_shard_batches(path, ColumnMap(), batch_rows=4)
+    with pytest.raises(InputError, match=r"bad\.parquet: not a readable Parquet file"):
+        next(stream)
+
+
+def test_closing_the_stream_early(tmp_path: Path) -> None:
+    path = _write(tmp_path / "p.parquet", _prompts(10))
+    stream = iter_shard_batches(path, ColumnMap(), batch_rows=3)
+    assert next(stream).num_rows == 3
+    stream.close()
+    assert next(stream, None) is None

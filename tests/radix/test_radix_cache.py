@@ -1,0 +1,231 @@
+"""RadixCache: exact block ids from match/insert/evict on blocks of four tokens."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+
+from batchgen.radix import radix_cache as radix_cache_module
+from batchgen.radix.hashing import hash_blocks
+from batchgen.radix.radix_cache import CacheMatch, CacheStats, RadixCache
+
+A = [1, 2, 3, 4]
+B = [5, 6, 7, 8]
+C = [9, 10, 11, 12]
+D = [13, 14, 15, 16]
+
+
+def _cache() -> RadixCache:
+    cache = RadixCache(4)
+    cache.check_invariants()
+    return cache
+
+
+def _insert(cache: RadixCache, token_ids: Sequence[int], block_ids: Sequence[int]) -> int:
+    num_inserted = cache.insert(token_ids, block_ids)
+    cache.check_invariants()
+    return num_inserted
+
+
+def test_empty_cache_matches_nothing_and_counts_the_lookup() -> None:
+    cache = _cache()
+    assert cache.match(A + B) == CacheMatch(block_ids=(), num_tokens=0)
+    assert cache.match([]) == CacheMatch()
+    assert cache.stats() == CacheStats(num_lookups=2)
+
+
+@pytest.mark.parametrize(("block_size", "hash_seed"), [(0, 0), (4, -1), (4, 2**64)])
+def test_rejects_bad_arguments(block_size: int, hash_seed: int) -> None:
+    with pytest.raises(ValueError):
+        RadixCache(block_size, hash_seed)
+
+
+def test_insert_then_match_longest_chain() -> None:
+    cache = _cache()
+    assert _insert(cache, A + B + C, [7, 3, 5]) == 3
+    assert cache.num_cached_blocks == 3
+    assert cache.match(A + B + C + D) == CacheMatch(block_ids=(7, 3, 5), num_tokens=12)
+    assert cache.match(A + B + D) == CacheMatch(block_ids=(7, 3), num_tokens=8)
+    assert cache.match(B + C) == CacheMatch()
+    assert cache.stats() == CacheStats(num_lookups=3, num_hit_tokens=20, num_cached_blocks=3)
+    assert cache.parent_block_id(7) is None
+    assert cache.parent_block_id(5) == 3
+    assert cache.block_token_ids(3) == tuple(B)
+    assert [cache.is_leaf(b) for b in (7, 3, 5)] == [False, False, True]
+
+
+def test_partial_block_tokens_are_never_matched() -> None:
+    cache = _cache()
+    _insert(cache, A + B, [0, 1])
+    # Three tokens of B: only the full block A can match.
+    assert cache.match(A + B[:3]) == CacheMatch(block_ids=(0,), num_tokens=4)
+    assert cache.match(A[:3]) == CacheMatch()
+
+
+def test_insert_requires_tokens_for_every_block() -> None:
+    cache = _cache()
+    with pytest.raises(ValueError, match="fewer than"):
+        cache.insert(A + B[:3], [0, 1])
+    assert cache.num_cached_blocks == 0
+    # Extra tokens (a partial tail) are fine and ignored.
+    assert _insert(cache, A + B[:3], [0]) == 1
+
+
+def test_reinsert_same_chain_skips_and_extends() -> None:
+    cache = _cache()
+    assert _insert(cache, A + B, [0, 1]) == 2
+    assert _insert(cache, A + B, [0, 1]) == 0
+    assert _insert(cache, A + B + C, [0, 1, 2]) == 1
+    assert cache.match(A + B + C) == CacheMatch(block_ids=(0, 1, 2), num_tokens=12)
+
+
+def test_branching_chains_share_the_prefix_node() -> None:
+    cache = _cache()
+    _insert(cache, A + B, [0, 1])
+    assert _insert(cache, A + C, [0, 2]) == 1
+    assert cache.parent_block_id(2) == 0
+    assert cache.match(A + C) == CacheMatch(block_ids=(0, 2), num_tokens=8)
+    assert cache.match(A + B) == CacheMatch(block_ids=(0, 1), num_tokens=8)
+
+
+def test_duplicate_content_insert_stops_at_the_conflict() -> None:
+    cache = _cache()
+    _insert(cache, A + B, [0, 1])
+    # Another sequence computed A + B + C in blocks 4, 5, 6: A is cached in block 0, so nothing
+    # of it is inserted (block 5 or 6 under block 4 would break the chain rule).
+    assert _insert(cache, A + B + C, [4, 5, 6]) == 0
+    assert [cache.is_cached(b) for b in (4, 5, 6)] == [False, False, False]
+    # Same prefix block, different block for B: stops at B, C is not inserted either.
+    assert _insert(cache, A + B + C, [0, 5, 6]) == 0
+    assert cache.num_cached_blocks == 2
+
+
+def test_block_id_cached_elsewhere_raises() -> None:
+    cache = _cache()
+    _insert(cache, A + B, [0, 1])
+    with pytest.raises(ValueError, match="block 1 is already cached"):
+        cache.insert(C, [1])
+    with pytest.raises(ValueError, match="block 3 is already cached"):
+        cache.insert(C + D, [3, 3])
+    cache.check_invariants()
+
+
+def test_extra_key_separates_chains() -> None:
+    cache = _cache()
+    cache.insert(A, [0], extra_key=1)
+    assert cache.match(A) == CacheMatch()
+    assert cache.match(A, extra_key=1) == CacheMatch(block_ids=(0,), num_tokens=4)
+    assert cache.insert(A, [1], extra_key=2) == 1
+    cache.check_invariants()
+
+
+def test_collision_never_returns_blocks_with_other_tokens(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def constant_hash(
+        parent_hash: int, token_ids: Sequence[int], extra_key: int = 0, seed: int = 0
+    ) -> int:
+        return 42
+
+    monkeypatch.setattr(radix_cache_module, "hash_block", constant_hash)
+    cache = _cache()
+    assert _insert(cache, A + B, [0, 1]) == 2
+    assert cache.match(A + B) == CacheMatch(block_ids=(0, 1), num_tokens=8)
+    # Every block hashes alike: only token-equal blocks may come back.
+    assert cache.match(A + C) == CacheMatch(block_ids=(0,), num_tokens=4)
+    assert cache.match(C + B) == CacheMatch()
+    assert cache.match(B) == CacheMatch()
+    # A colliding insert is treated as an occupied position: nothing inserted, nothing changed.
+    assert _insert(cache, C, [2]) == 0
+    assert _insert(cache, A + C, [0, 2]) == 0
+    assert cache.block_token_ids(1) == tuple(B)
+    assert cache.match(A + C) == CacheMatch(block_ids=(0,), num_tokens=4)
+
+
+def test_same_block_id_with_other_tokens_raises(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(radix_cache_module, "hash_block", lambda *args: 42)
+    cache = _cache()
+    _insert(cache, A, [0])
+    with pytest.raises(ValueError, match="other tokens"):
+        cache.insert(B, [0])
+
+
+def test_insert_resumes_at_start_block_idx() -> None:
+    cache = _cache()
+    _insert(cache, A + B, [0, 1])
+    assert cache.insert(A + B + C + D, [0, 1, 2, 3], start_block_idx=2) == 2
+    cache.check_invariants()
+    assert cache.match(A + B + C + D) == CacheMatch(block_ids=(0, 1, 2, 3), num_tokens=16)
+    assert cache.insert(A + B + C + D, [0, 1, 2, 3], start_block_idx=4) == 0
+
+
+@pytest.mark.parametrize(
+    ("token_ids", "block_ids", "start_block_idx"),
+    [
+        (A + B + C, [0, 9, 2], 2),  # block 9 is not cached
+        (A + C + C, [0, 1, 2], 2),  # block 1 holds B, not C
+        (A + B + C, [1, 0, 2], 1),  # block 1 is cached at position 1, not 0
+        (A + B, [0, 1], 3),  # past the end
+    ],
+)
+def test_insert_rejects_a_wrong_resume_point(
+    token_ids: list[int], block_ids: list[int], start_block_idx: int
+) -> None:
+    cache = _cache()
+    _insert(cache, A + B, [0, 1])
+    with pytest.raises(ValueError, match="start_block_idx"):
+        cache.insert(token_ids, block_ids, start_block_idx=start_block_idx)
+    assert cache.num_cached_blocks == 2
+
+
+def test_evict_leaves_only() -> None:
+    cache = _cache()
+    _insert(cache, A + B, [0, 1])
+    _insert(cache, A + C, [0, 2])
+    with pytest.raises(ValueError, match="not a leaf"):
+        cache.evict(0)
+    with pytest.raises(ValueError, match="not cached"):
+        cache.evict(5)
+    cache.evict(1)
+    cache.check_invariants()
+    assert (cache.is_cached(1), cache.is_leaf(0)) == (False, False)
+    assert cache.match(A + B) == CacheMatch(block_ids=(0,), num_tokens=4)
+    cache.evict(2)
+    assert cache.is_leaf(0)
+    cache.evict(0)
+    cache.check_invariants()
+    assert cache.stats() == CacheStats(num_lookups=1, num_hit_tokens=4, num_evictions=3)
+    # The freed ids can be cached again, at other positions.
+    assert _insert(cache, D + A, [2, 0]) == 2
+
+
+def test_queries_on_uncached_block_raise() -> None:
+    cache = _cache()
+    assert not cache.is_cached(0)
+    for query in (cache.is_leaf, cache.parent_block_id, cache.block_token_ids):
+        with pytest.raises(ValueError, match="not cached"):
+            query(0)
+
+
+def test_hashes_agree_with_hash_blocks() -> None:
+    cache = RadixCache(4, hash_seed=99)
+    cache.insert(A + B + C, [0, 1, 2])
+    nodes = [cache._nodes_by_block_id[b] for b in (0, 1, 2)]  # white-box
+    assert [n.block_hash for n in nodes] == hash_blocks(A + B + C, 4, seed=99)
+
+
+def test_check_invariants_detects_corruption() -> None:
+    cache = _cache()
+    _insert(cache, A + B, [0, 1])
+    cache._nodes_by_block_id[1].token_ids = tuple(C)  # white-box: content changed
+    with pytest.raises(AssertionError, match="block 1"):
+        cache.check_invariants()
+
+
+def test_deep_chain_has_no_recursion_limit() -> None:
+    cache = RadixCache(1)
+    tokens = list(range(5000))
+    assert cache.insert(tokens, list(range(5000))) == 5000
+    cache.check_invariants()
+    assert cache.match(tokens).num_tokens == 5000
