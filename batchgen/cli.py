@@ -65,6 +65,18 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _prepare_sharegpt(args: argparse.Namespace) -> int:
+    from .sharegpt import write_sharegpt_shards
+
+    try:
+        paths = write_sharegpt_shards(Path(args.out), num_rows=args.rows, num_shards=args.shards)
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"wrote {args.rows} prompts in {len(paths)} shards to {args.out}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="batchgen", description="Offline batch text generation.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -75,6 +87,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--threads", type=int, default=None, help="torch threads (default: BATCHGEN_THREADS or torch's choice)")
     run.add_argument("--quiet", action="store_true", help="no progress bar")
     run.set_defaults(func=_run)
+    prep = sub.add_parser("prepare-sharegpt", help="write real ShareGPT prompts as Parquet shards (for the demo job)")
+    prep.add_argument("out", help="output folder")
+    prep.add_argument("--rows", type=int, default=128)
+    prep.add_argument("--shards", type=int, default=4)
+    prep.set_defaults(func=_prepare_sharegpt)
     bench = sub.add_parser("bench", help="throughput of continuous vs static batching on ShareGPT prompts")
     bench.add_argument("--model", default=None, help="HF folder or .gguf (default: built-in SmolLM2-135M)")
     bench.add_argument("--num-prompts", type=int, default=64)

@@ -9,8 +9,9 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
-__all__ = ["ShareGPTPrompt", "iter_sharegpt_prompts", "load_sharegpt_prompts"]
+__all__ = ["ShareGPTPrompt", "iter_sharegpt_prompts", "load_sharegpt_prompts", "write_sharegpt_shards"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,3 +62,44 @@ def load_sharegpt_prompts(count: int, **filters: int) -> list[ShareGPTPrompt]:
         if len(prompts) == count:
             return prompts
     raise ValueError(f"only {len(prompts)} ShareGPT prompts pass the filters, {count} asked for")
+
+
+DEMO_SYSTEM_PROMPT = (
+    "You are a careful, concise assistant. Answer the user's request directly, in plain "
+    "language, in at most three sentences. If the request is unclear, say what you would need."
+)
+
+
+def write_sharegpt_shards(
+    out_dir: Path, *, num_rows: int, num_shards: int, system_prompt: str | None = DEMO_SYSTEM_PROMPT
+) -> list[Path]:
+    """Write `num_rows` ShareGPT first turns as `num_shards` Parquet shards with columns
+    id (string), messages (list<struct<role, content>>) and chars (int32). Returns the files."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    if num_rows < 1 or num_shards < 1:
+        raise ValueError("num_rows and num_shards must be >= 1")
+    prompts = load_sharegpt_prompts(num_rows, max_chars=1500)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    message = pa.struct([("role", pa.string()), ("content", pa.string())])
+    paths = []
+    per_shard = -(-num_rows // num_shards)
+    for s in range(num_shards):
+        part = prompts[s * per_shard : (s + 1) * per_shard]
+        conversations = [
+            ([{"role": "system", "content": system_prompt}] if system_prompt else [])
+            + [{"role": "user", "content": p.text}]
+            for p in part
+        ]
+        table = pa.table(
+            {
+                "id": pa.array([p.id for p in part], pa.string()),
+                "messages": pa.array(conversations, pa.list_(message)),
+                "chars": pa.array([len(p.text) for p in part], pa.int32()),
+            }
+        )
+        path = out_dir / f"sharegpt-{s:03d}.parquet"
+        pq.write_table(table, path)
+        paths.append(path)
+    return paths
