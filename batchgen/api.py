@@ -32,6 +32,7 @@ _ENGINE_KEYS = {
     "num_kv_blocks": "cache",
     "kv_cache_memory_bytes": "cache",
     "enable_prefix_caching": "cache",
+    "gpu_memory_utilization": "cache",
     "device": "runner",
     "dtype": "runner",
     "max_model_len": "runner",

@@ -42,7 +42,7 @@ class BenchResult:
 def _run_mode(
     checkpoint: Checkpoint,
     prompts: Sequence[list[int]],
-    params: SamplingParams,
+    params: Sequence[SamplingParams],
     *,
     batching: str,
     max_num_seqs: int,
@@ -61,8 +61,8 @@ def _run_mode(
         cache_config=CacheConfig(),
         runner_config=RunnerConfig(device=device, dtype=dtype),
     )
-    for token_ids in prompts:
-        engine.add_request(list(token_ids), params)
+    for token_ids, request_params in zip(prompts, params, strict=True):
+        engine.add_request(list(token_ids), request_params)
     bar = tqdm(total=len(prompts), desc=f"bench {batching}", unit="req", disable=not use_tqdm)
     start = time.perf_counter()
     while engine.has_unfinished():
@@ -98,16 +98,31 @@ def run_bench(
     dtype: str | None,
     device: str | None,
     out: Path | None,
+    output_lens: str = "fixed",
     use_tqdm: bool = True,
 ) -> list[BenchResult]:
-    """Chat-templated ShareGPT prompts, greedy, `max_tokens` new tokens each, for every mode."""
+    """Chat-templated ShareGPT prompts, greedy, for every mode.
+
+    output_lens "fixed": up to `max_tokens` new tokens each; "sharegpt": each request's limit is
+    the token length of the conversation's recorded reply, capped at `max_tokens` (the usual
+    ShareGPT serving benchmark), so lengths vary as they do in real traffic.
+    """
     checkpoint = load_checkpoint(model)
     tok = checkpoint.tokenizer
-    prompts = [
-        tok.encode_chat([{"role": "user", "content": p.text}])
-        for p in load_sharegpt_prompts(num_prompts, max_chars=1500)
-    ]
-    params = SamplingParams(temperature=0, max_tokens=max_tokens)
+    records = load_sharegpt_prompts(num_prompts, max_chars=1500)
+    prompts = [tok.encode_chat([{"role": "user", "content": p.text}]) for p in records]
+    if output_lens == "fixed":
+        params: list[SamplingParams] = [SamplingParams(temperature=0, max_tokens=max_tokens)] * len(prompts)
+    elif output_lens == "sharegpt":
+        params = [
+            SamplingParams(
+                temperature=0,
+                max_tokens=max(1, min(max_tokens, len(tok.encode(p.reply or "", add_special_tokens=False)))),
+            )
+            for p in records
+        ]
+    else:
+        raise ValueError(f"output_lens must be 'fixed' or 'sharegpt', got {output_lens!r}")
     results = [
         _run_mode(
             checkpoint,
@@ -130,6 +145,7 @@ def run_bench(
             "num_prompts": num_prompts,
             "max_tokens": max_tokens,
             "max_num_seqs": max_num_seqs,
+            "output_lens": output_lens,
             "results": [asdict(r) for r in results],
         }
         out.write_text(json.dumps(payload, indent=2))

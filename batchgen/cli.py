@@ -30,6 +30,7 @@ def _bench(args: argparse.Namespace) -> int:
         dtype=args.dtype,
         device=args.device,
         out=Path(args.out) if args.out else None,
+        output_lens=args.output_lens,
         use_tqdm=not args.quiet,
     )
     return 0
@@ -77,6 +78,14 @@ def _prepare_sharegpt(args: argparse.Namespace) -> int:
     return 0
 
 
+def _gpu_check(args: argparse.Namespace) -> int:
+    from .gpu_check import run_gpu_check
+
+    return run_gpu_check(
+        Path(args.out), num_prompts=args.num_prompts, max_tokens=args.max_tokens, max_num_seqs=args.max_num_seqs
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="batchgen", description="Offline batch text generation.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -92,12 +101,24 @@ def build_parser() -> argparse.ArgumentParser:
     prep.add_argument("--rows", type=int, default=128)
     prep.add_argument("--shards", type=int, default=4)
     prep.set_defaults(func=_prepare_sharegpt)
+    gpu = sub.add_parser("gpu-check", help="on a CUDA machine: kernel tests, kernel timings, engine tokens/s")
+    gpu.add_argument("--out", required=True, help="folder for the JSON reports and logs")
+    gpu.add_argument("--num-prompts", type=int, default=256)
+    gpu.add_argument("--max-tokens", type=int, default=128)
+    gpu.add_argument("--max-num-seqs", type=int, default=64)
+    gpu.set_defaults(func=_gpu_check)
     bench = sub.add_parser("bench", help="throughput of continuous vs static batching on ShareGPT prompts")
     bench.add_argument("--model", default=None, help="HF folder or .gguf (default: built-in SmolLM2-135M)")
     bench.add_argument("--num-prompts", type=int, default=64)
     bench.add_argument("--max-tokens", type=int, default=128)
     bench.add_argument("--modes", default="continuous,static", help="comma-separated: continuous, static")
     bench.add_argument("--max-num-seqs", type=int, default=16)
+    bench.add_argument(
+        "--output-lens",
+        choices=["fixed", "sharegpt"],
+        default="fixed",
+        help="fixed: --max-tokens for every request; sharegpt: each request's recorded reply length (capped)",
+    )
     bench.add_argument("--max-num-batched-tokens", type=int, default=2048)
     bench.add_argument("--dtype", default=None, choices=["float32", "float16", "bfloat16"])
     bench.add_argument("--device", default=None)

@@ -46,9 +46,13 @@ class CacheConfig:
     kv_cache_memory_bytes: int | None = None
     enable_prefix_caching: bool = True
     hash_seed: int = 0
+    gpu_memory_utilization: float = 0.9  # CUDA: share of the device's memory the engine may use
 
     def __post_init__(self) -> None:
         _require_positive("CacheConfig", "block_size", self.block_size)
+        util = self.gpu_memory_utilization
+        if isinstance(util, bool) or not isinstance(util, int | float) or not 0 < util <= 1:
+            raise ValueError(f"CacheConfig.gpu_memory_utilization must be in (0, 1], got {util!r}")
         if self.num_kv_blocks is not None:
             _require_positive("CacheConfig", "num_kv_blocks", self.num_kv_blocks)
         if self.kv_cache_memory_bytes is not None:

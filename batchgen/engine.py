@@ -15,6 +15,7 @@ from batchgen.radix import KVCacheManager
 
 from .config import CacheConfig, RunnerConfig, SchedulerConfig
 from .detokenizer import IncrementalDetokenizer
+from .kv_sizing import profile_cuda_kv_blocks
 from .models.checkpoint import Checkpoint
 from .models.llama import LlamaModel
 from .outputs import CompletionOutput, RequestOutput
@@ -140,6 +141,10 @@ class LLMEngine:
         per_seq = -(-self.max_model_len // cache.block_size)
         if cache.num_kv_blocks is not None:
             num_blocks = cache.num_kv_blocks
+        elif model.device.type == "cuda" and cache.kv_cache_memory_bytes is None:
+            num_blocks = profile_cuda_kv_blocks(
+                model, sched, cache, max_model_len=self.max_model_len
+            )
         else:
             block_bytes = ModelRunner.kv_bytes_per_block(model, cache.block_size)
             budget = cache.kv_cache_memory_bytes or _DEFAULT_CPU_KV_BYTES

@@ -8,6 +8,7 @@ by reading the committed file back.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
@@ -23,7 +24,6 @@ from batchgen.io import (
     Manifest,
     OutputRow,
     OutputShardWriter,
-    ShardRecord,
     check_output_dir,
     clean_temp_files,
     inspect_shard,
@@ -101,7 +101,10 @@ class _FileSource:
         self._batch_rows = config.io.batch_rows
 
     def iter_batches(self, shard: ShardMeta) -> Iterator[pa.RecordBatch]:
-        return iter_shard_batches(Path(shard.input_path), self._columns, self._batch_rows)
+        batches: Iterator[pa.RecordBatch] = iter_shard_batches(
+            Path(shard.input_path), self._columns, self._batch_rows
+        )
+        return batches
 
 
 class _FileSink:
@@ -132,21 +135,16 @@ class _FileSink:
 
     def commit(self, shard: ShardMeta, stats: ShardStats) -> None:
         writer = self._writer(shard)
-        writer.commit()
+        path = writer.commit()
         del self._writers[shard.index]
+        # The record comes from the committed file, exactly as a resumed run rebuilds it for a
+        # shard whose manifest save was lost (ShardRecord counts over output rows).
+        record = summarize_output_shard(
+            path, input_path=shard.input_path, num_input_rows=shard.num_rows
+        )
         self._manifest.mark_committed(
             shard.name,
-            ShardRecord(
-                input_path=shard.input_path,
-                num_input_rows=shard.num_rows,
-                num_output_rows=stats.num_output_rows,
-                rows_by_status=dict(stats.rows_by_status),
-                error_codes=dict(stats.error_codes),
-                prompt_tokens=stats.prompt_tokens,
-                cached_tokens=stats.cached_tokens,
-                completion_tokens=stats.completion_tokens,
-                wall_s=round(time.perf_counter() - stats.started, 3),
-            ),
+            dataclasses.replace(record, wall_s=round(time.perf_counter() - stats.started, 3)),
         )
 
     def abort(self) -> None:
@@ -179,7 +177,10 @@ def run_job(config: JobConfig, *, restart: bool = False, use_tqdm: bool = True) 
     if config.model is not None and not config.resolve_path(config.model).exists():
         raise InputError(f"{config.source}: model: {config.resolve_path(config.model)} does not exist")
     model = str(config.resolve_path(config.model)) if config.model is not None else None
-    checkpoint = load_checkpoint(model)
+    try:
+        checkpoint = load_checkpoint(model)
+    except (FileNotFoundError, ValueError) as exc:
+        raise InputError(f"{config.source}: model: {exc}") from exc
     fingerprint = _fingerprint(config, checkpoint)
 
     manifest = Manifest.load(out_dir)
@@ -209,7 +210,9 @@ def run_job(config: JobConfig, *, restart: bool = False, use_tqdm: bool = True) 
     todo: list[ShardMeta] = []
     skipped = 0
     for path, info in infos:
-        if info.name in done:
+        if info.name in done and (out_dir / info.name).is_file():
+            # A committed shard whose file is gone (a --restart killed while deleting, a
+            # hand-deleted file) is generated again, never silently skipped.
             skipped += 1
             continue
         if (out_dir / info.name).exists():
@@ -229,7 +232,10 @@ def run_job(config: JobConfig, *, restart: bool = False, use_tqdm: bool = True) 
             )
         )
 
-    engine = build_engine(config, checkpoint)
+    try:
+        engine = build_engine(config, checkpoint)
+    except ValueError as exc:
+        raise InputError(f"{config.source}: engine: {exc}") from exc
     preparer = RowPreparer(
         checkpoint.tokenizer,
         config.sampling,

@@ -84,6 +84,7 @@ Order = Literal["prefix", "input"]
 Executor = Literal["local", "ray"]
 
 _MAX_SEED = 2**63 - 1
+_DEVICE_PATTERN = re.compile(r"^(cpu|cuda(:[0-9]+)?)$")
 
 
 class JobConfigError(Exception):
@@ -346,6 +347,10 @@ def _engine(data: Mapping[str, Any]) -> tuple[SchedulerConfig, CacheConfig, Runn
     values = _section(data, "", "engine", required=False)
     if values.get("device") is not None:
         _expect_text("engine.device", values["device"], "a device such as cpu or cuda:0, or null")
+        if not _DEVICE_PATTERN.match(values["device"]):
+            raise ValueError(
+                f"engine.device: expected cpu, cuda or cuda:N (or null), got {values['device']!r}"
+            )
     if "hash_seed" in values:
         _expect_int("engine.hash_seed", values["hash_seed"], 0)
     try:

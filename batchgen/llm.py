@@ -42,6 +42,7 @@ class LLM:
         device: str | None = None,
         seed: int = 0,
         attention_backend: Literal["torch", "triton"] | None = None,
+        gpu_memory_utilization: float = 0.9,
     ) -> None:
         checkpoint = load_checkpoint(model)
         self.engine = LLMEngine(
@@ -56,6 +57,7 @@ class LLM:
                 num_kv_blocks=num_kv_blocks,
                 kv_cache_memory_bytes=kv_cache_memory_bytes,
                 enable_prefix_caching=enable_prefix_caching,
+                gpu_memory_utilization=gpu_memory_utilization,
             ),
             runner_config=RunnerConfig(
                 device=device, dtype=dtype, max_model_len=max_model_len, attention_backend=attention_backend
@@ -85,7 +87,7 @@ class LLM:
         model's special tokens) or token-id lists. Raises ValueError for a bad prompt."""
         items = _as_prompt_list(prompts)
         token_lists: list[tuple[str | None, list[int]]] = []
-        texts = [p for p in items if isinstance(p, str)]
+        texts: list[str] = [p for p in items if isinstance(p, str)]
         encoded = iter(self.engine.tokenizer.encode_batch(texts) if texts else [])
         for prompt in items:
             if isinstance(prompt, str):
@@ -107,7 +109,7 @@ class LLM:
         else:
             convs = list(conversations)  # type: ignore[arg-type]
         tok = self.engine.tokenizer
-        token_lists = []
+        token_lists: list[tuple[str | None, list[int]]] = []
         for conv in convs:
             text = tok.apply_chat_template(conv, add_generation_prompt=True)
             token_lists.append((text, tok.encode(text, add_special_tokens=False)))
@@ -153,7 +155,7 @@ class LLM:
 def _as_prompt_list(prompts: PromptType | Sequence[PromptType]) -> list[PromptType]:
     if isinstance(prompts, str):
         return [prompts]
-    items = list(prompts)
+    items: list[Any] = list(prompts)
     if items and all(isinstance(t, int) and not isinstance(t, bool) for t in items):
         return [items]  # a single token-id list
     for i, p in enumerate(items):

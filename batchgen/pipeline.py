@@ -22,6 +22,7 @@ from typing import Any, Protocol
 import anyio
 import pyarrow as pa
 from anyio.abc import ObjectReceiveStream, ObjectSendStream
+from anyio.streams.memory import MemoryObjectReceiveStream
 from tqdm.auto import tqdm
 
 from batchgen.io import ColumnMap, OutputRow
@@ -266,7 +267,8 @@ async def _read(
 def _column(batch: pa.RecordBatch, name: str | None) -> list[Any] | None:
     if name is None:
         return None
-    return batch.column(batch.schema.get_field_index(name)).to_pylist()
+    values: list[Any] = batch.column(batch.schema.get_field_index(name)).to_pylist()
+    return values
 
 
 def _prepare_batch(preparer: RowPreparer, options: PipelineOptions, item: _Batch) -> list[PreparedRow]:
@@ -331,7 +333,7 @@ async def _engine_loop(
     engine: LLMEngine,
     options: PipelineOptions,
     progress: _Progress,
-    recv: ObjectReceiveStream[list[PreparedRow]],
+    recv: MemoryObjectReceiveStream[list[PreparedRow]],
     send: ObjectSendStream[list[_RowResult]],
 ) -> None:
     """Feed the engine from the stream, step it in a worker thread, emit finished rows."""

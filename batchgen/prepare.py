@@ -40,7 +40,7 @@ class PreparedRow:
 
     shard: int
     row_idx: int
-    id: int | str
+    id: int | str | None
     passthrough: tuple[Any, ...]
     token_ids: tuple[int, ...] | None
     params: SamplingParams | None
@@ -98,7 +98,8 @@ class RowPreparer:
             params, params_error = self._params(sampling[i] if sampling is not None else None)
             error = error or params_error
             effective = params or self._sampling
-            seed = effective.seed if effective.seed is not None else row_seed(self._job_seed, row_id)
+            key = "" if row_id is None else row_id
+            seed = effective.seed if effective.seed is not None else row_seed(self._job_seed, key)
             text: str | None = None
             if error is None:
                 text, error = (
@@ -140,9 +141,13 @@ class RowPreparer:
         return rows
 
     # --------------------------------------------------------------- checks
-    def _check_id(self, raw_id: Any, seen: set[int | str]) -> tuple[int | str, RowError | None]:
+    def _check_id(
+        self, raw_id: Any, seen: set[int | str]
+    ) -> tuple[int | str | None, RowError | None]:
         if raw_id is None:
-            return "", RowError("invalid_id", "the id is null")
+            # Null in the output too: the id column keeps the input's type (an integer column
+            # cannot hold "").
+            return None, RowError("invalid_id", "the id is null")
         row_id: int | str = raw_id if isinstance(raw_id, int | str) else str(raw_id)
         if row_id in seen:
             return row_id, RowError("duplicate_id", f"id {row_id!r} appears more than once in this shard")

@@ -69,7 +69,7 @@ class ModelRunner:
         arrays = build_step_arrays(plan.chunks, self.block_size)
         dev = self.device
 
-        def ints(values: list[int], dtype: torch.dtype = torch.int32) -> torch.Tensor:
+        def ints(values: list[int] | list[list[int]], dtype: torch.dtype = torch.int32) -> torch.Tensor:
             return torch.tensor(values, dtype=dtype, device=dev)
 
         meta = AttentionMetadata(

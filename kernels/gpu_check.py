@@ -256,11 +256,6 @@ def _run_tests(out_dir: Path) -> dict[str, Any]:
     return {"returncode": proc.returncode, "log": log.name, "summary": lines[-1] if lines else ""}
 
 
-def _engine_throughput(out_dir: Path) -> dict[str, Any] | None:
-    """TODO(#4): engine tokens/s on this GPU; the engine's owner fills this in."""
-    return None
-
-
 def _fmt(value: float | None, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
@@ -332,7 +327,8 @@ def main(argv: list[str] | None = None) -> int:
             torch.cuda.empty_cache()
         _print_table(timings)
         report["attention"] = [asdict(t) for t in timings]
-    report["engine"] = _engine_throughput(out_dir)
+    # The engine's tokens/s is measured by `batchgen gpu-check`, which runs this first:
+    # kernels/ may not import the engine.
     path = out_dir / "gpu_check.json"
     path.write_text(json.dumps(report, indent=2))
     print(f"wrote {path}")

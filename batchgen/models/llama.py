@@ -12,7 +12,14 @@ import math
 import torch
 import torch.nn.functional as F
 
-from batchgen.kernels import AttentionMetadata, Backend, paged_attention, write_kv
+from batchgen.kernels import (
+    AttentionMetadata,
+    Backend,
+    paged_attention,
+    rms_norm,
+    rotary_embedding,
+    write_kv,
+)
 
 from .config import ModelConfig, RopeScaling
 
@@ -39,18 +46,6 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: RopeScaling | None) -> t
         is_medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
         return torch.where(is_medium, smoothed, scaled)
     raise ValueError(f"unsupported rope_scaling type {scaling.rope_type!r}")
-
-
-def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    # Computed in float32 like the reference implementation, then cast back.
-    x32 = x.float()
-    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * x32.to(x.dtype)
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
 class _Layer:
@@ -122,9 +117,9 @@ class LlamaModel:
             )
         inv_freq = rope_inv_freq(config.head_dim, config.rope_theta, config.rope_scaling)
         freqs = torch.outer(torch.arange(max_model_len, dtype=torch.float32), inv_freq)
-        emb = torch.cat((freqs, freqs), dim=-1)
-        self._cos = emb.cos().to(device=device, dtype=dtype)
-        self._sin = emb.sin().to(device=device, dtype=dtype)
+        # float32 tables [max_model_len, head_dim / 2]; the rotation rounds once to the q/k dtype.
+        self._cos = freqs.cos().to(device=device)
+        self._sin = freqs.sin().to(device=device)
         self._scale = config.head_dim**-0.5
 
     @property
@@ -146,25 +141,35 @@ class LlamaModel:
         Writes each layer's new K/V into kv_caches at meta.slot_mapping.
         """
         c = self.config
+        backend = self._backend
         num_tokens = input_ids.shape[0]
         q_size = c.num_heads * c.head_dim
         kv_size = c.num_kv_heads * c.head_dim
-        cos = self._cos.index_select(0, positions)[:, None, :]
-        sin = self._sin.index_select(0, positions)[:, None, :]
         hidden = self.embed.index_select(0, input_ids)
+        residual: torch.Tensor | None = None
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches, strict=True):
-            x = _rms_norm(hidden, layer.input_norm, c.rms_norm_eps)
+            # The residual add is fused into the norm: residual <- hidden + residual.
+            x, residual = rms_norm(hidden, layer.input_norm, c.rms_norm_eps, residual, backend=backend)
             qkv = F.linear(x, layer.qkv, layer.qkv_bias)
             q = qkv[:, :q_size].view(num_tokens, c.num_heads, c.head_dim)
             k = qkv[:, q_size : q_size + kv_size].view(num_tokens, c.num_kv_heads, c.head_dim)
             v = qkv[:, q_size + kv_size :].view(num_tokens, c.num_kv_heads, c.head_dim)
-            q = q * cos + _rotate_half(q) * sin
-            k = k * cos + _rotate_half(k) * sin
-            write_kv(k, v, k_cache, v_cache, meta.slot_mapping, backend=self._backend)
-            attn = paged_attention(q, k_cache, v_cache, meta, self._scale, backend=self._backend)
-            hidden = hidden + F.linear(attn.reshape(num_tokens, q_size), layer.o_proj)
-            x = _rms_norm(hidden, layer.post_norm, c.rms_norm_eps)
+            rotary_embedding(positions, q, k, self._cos, self._sin, backend=backend)
+            # Every token's K/V is written before any attention reads the pool: a sequence
+            # admitted this step may read blocks another one fills in this same step.
+            write_kv(k, v, k_cache, v_cache, meta.slot_mapping, backend=backend)
+            attn = paged_attention(q, k_cache, v_cache, meta, self._scale, backend=backend)
+            hidden = F.linear(attn.reshape(num_tokens, q_size), layer.o_proj)
+            x, residual = rms_norm(hidden, layer.post_norm, c.rms_norm_eps, residual, backend=backend)
             gate, up = F.linear(x, layer.gate_up).chunk(2, dim=-1)
-            hidden = hidden + F.linear(F.silu(gate) * up, layer.down)
-        last = _rms_norm(hidden.index_select(0, logits_indices), self.norm, c.rms_norm_eps)
+            hidden = F.linear(F.silu(gate) * up, layer.down)
+        if residual is None:
+            raise RuntimeError("the model has no layers")
+        last, _ = rms_norm(
+            hidden.index_select(0, logits_indices),
+            self.norm,
+            c.rms_norm_eps,
+            residual.index_select(0, logits_indices),
+            backend=backend,
+        )
         return F.linear(last, self.lm_head).float()

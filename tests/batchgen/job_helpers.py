@@ -11,7 +11,9 @@ KIND / ARG pick the moment (counts start at 1):
 - ``write_any K``         the K-th `OutputShardWriter.write` of any shard, before it writes;
 - ``before_rename K``     the K-th rename onto a final ``*.parquet`` output shard, before it;
 - ``after_rename K``      the same rename, right after it (before the manifest is saved);
-- ``read SHARD``          when the reading of input shard SHARD starts.
+- ``read SHARD``          when the reading of input shard SHARD starts;
+- ``unlink K``            right after the K-th deletion of a final ``*.parquet`` output shard
+                          (what ``--restart`` does to the old outputs).
 
 Before killing, the wrapper writes the moment as JSON to NOTE ({"kind", "shard", "count"}), so
 the test knows which shard was hit. A kill that never happens lets the run finish (exit 0), which
@@ -116,7 +118,9 @@ def file_state(path: Path) -> tuple[str, int, int]:
 def subprocess_env() -> dict[str, str]:
     """The environment of a job subprocess: one thread, offline."""
     env = dict(os.environ)
-    env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    env.update(
+        OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false"
+    )
     return env
 
 
@@ -124,7 +128,11 @@ def run_cli_subprocess(
     args: Sequence[str], *, cwd: Path, wrapper: Sequence[str] | None = None, timeout: float = 120
 ) -> subprocess.CompletedProcess[str]:
     """Run ``python -m batchgen ARGS`` (or the kill wrapper with `wrapper` arguments first)."""
-    head = [sys.executable, "-m", "batchgen"] if wrapper is None else [sys.executable, str(KILL_WRAPPER), *wrapper]
+    head = (
+        [sys.executable, "-m", "batchgen"]
+        if wrapper is None
+        else [sys.executable, str(KILL_WRAPPER), *wrapper]
+    )
     return subprocess.run(
         [*head, *args],
         cwd=cwd,
@@ -163,7 +171,7 @@ def _patch_writes(note: Path, kind: str, arg: str) -> None:
             _die(note, kind, name, wanted)
         real_write(self, batch)
 
-    writer.OutputShardWriter.write = write  # type: ignore[method-assign]
+    writer.OutputShardWriter.write = write
 
 
 def _patch_renames(note: Path, kind: str, arg: str) -> None:
@@ -194,7 +202,8 @@ def _patch_reads(note: Path, shard: str) -> None:
     import batchgen.job
 
     patched = 0
-    for module in (batchgen.io.reader, batchgen.job):
+    modules: tuple[Any, ...] = (batchgen.io.reader, batchgen.job)
+    for module in modules:
         real: Callable[..., Any] | None = getattr(module, "iter_shard_batches", None)
         if real is None:
             continue
@@ -204,10 +213,29 @@ def _patch_reads(note: Path, shard: str) -> None:
                 _die(note, "read", shard, 1)
             return _real(path, *args, **kwargs)
 
-        module.iter_shard_batches = iter_shard_batches  # type: ignore[attr-defined]
+        module.iter_shard_batches = iter_shard_batches
         patched += 1
     if not patched:
         raise SystemExit("kill wrapper: found no iter_shard_batches to patch")
+
+
+def _patch_unlinks(note: Path, arg: str) -> None:
+    import pathlib
+
+    real_unlink = pathlib.Path.unlink
+    wanted = int(arg)
+    count = 0
+
+    def unlink(self: pathlib.Path, missing_ok: bool = False) -> None:
+        nonlocal count
+        existed = self.is_file()
+        real_unlink(self, missing_ok=missing_ok)
+        if existed and self.name.endswith(".parquet") and not self.name.startswith("."):
+            count += 1
+            if count == wanted:
+                _die(note, "unlink", self.name, count)
+
+    pathlib.Path.unlink = unlink  # type: ignore[method-assign]
 
 
 def _wrapper_main(argv: list[str]) -> int:
@@ -218,6 +246,8 @@ def _wrapper_main(argv: list[str]) -> int:
         _patch_renames(Path(note), kind, arg)
     elif kind == "read":
         _patch_reads(Path(note), arg)
+    elif kind == "unlink":
+        _patch_unlinks(Path(note), arg)
     else:
         raise SystemExit(f"kill wrapper: unknown kind {kind!r}")
     from batchgen.cli import main

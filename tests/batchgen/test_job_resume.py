@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import random
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -52,16 +53,22 @@ class Job:
         self.folder = folder
         self.input_ids = {
             p.name: pq.read_table(p).column("id").to_pylist()
-            for p in make_prompt_shards(folder / "in", num_shards=NUM_SHARDS, rows_per_shard=ROWS_PER_SHARD)
+            for p in make_prompt_shards(
+                folder / "in", num_shards=NUM_SHARDS, rows_per_shard=ROWS_PER_SHARD
+            )
         }
 
     def run(self, out: str, *extra: str, wrapper: list[str] | None = None) -> Any:
-        return run_cli_subprocess([*RUN, "--set", f"output.path={out}", *extra], cwd=self.folder, wrapper=wrapper)
+        return run_cli_subprocess(
+            [*RUN, "--set", f"output.path={out}", *extra], cwd=self.folder, wrapper=wrapper
+        )
 
 
 @pytest.fixture(scope="module")
 def job(tmp_path_factory: pytest.TempPathFactory) -> Job:
-    model = make_tiny_hf_folder(tmp_path_factory.mktemp("tiny"), num_heads=4, num_kv_heads=2, hidden_size=64)
+    model = make_tiny_hf_folder(
+        tmp_path_factory.mktemp("tiny"), num_heads=4, num_kv_heads=2, hidden_size=64
+    )
     folder = tmp_path_factory.mktemp("job")
     write_job(
         folder / "job.yaml",
@@ -90,7 +97,8 @@ def reference(job: Job) -> dict[str, pa.Table]:
 
 
 def _usage(table: pa.Table, name: str) -> list[int]:
-    return pc.struct_field(table.column("usage").combine_chunks(), name).to_pylist()
+    values: list[int] = pc.struct_field(table.column("usage").combine_chunks(), name).to_pylist()
+    return values
 
 
 def assert_same_rows(got: pa.Table, want: pa.Table, where: str) -> None:
@@ -99,15 +107,21 @@ def assert_same_rows(got: pa.Table, want: pa.Table, where: str) -> None:
     assert got.drop_columns(["usage"]).equals(want.drop_columns(["usage"])), f"{where}: rows differ"
     for name in ("prompt_tokens", "completion_tokens"):
         assert _usage(got, name) == _usage(want, name), f"{where}: usage.{name} differs"
-    for cached, prompt in zip(_usage(got, "cached_tokens"), _usage(got, "prompt_tokens"), strict=True):
+    for cached, prompt in zip(
+        _usage(got, "cached_tokens"), _usage(got, "prompt_tokens"), strict=True
+    ):
         assert 0 <= cached <= prompt
 
 
 def assert_complete_shard(table: pa.Table, input_ids: list[int], where: str) -> None:
     """One row per (input row, sample), in input order, none missing, none twice."""
-    pairs = list(zip(table.column("id").to_pylist(), table.column("sample_index").to_pylist(), strict=True))
+    pairs = list(
+        zip(table.column("id").to_pylist(), table.column("sample_index").to_pylist(), strict=True)
+    )
     assert len(set(pairs)) == len(pairs), f"{where}: duplicate (id, sample_index)"
-    assert pairs == [(i, s) for i in input_ids for s in range(N)], f"{where}: rows missing or out of order"
+    assert pairs == [(i, s) for i in input_ids for s in range(N)], (
+        f"{where}: rows missing or out of order"
+    )
 
 
 def assert_finished_output(job: Job, out_dir: Path, reference: dict[str, pa.Table]) -> None:
@@ -127,20 +141,23 @@ def assert_finished_output(job: Job, out_dir: Path, reference: dict[str, pa.Tabl
 
 def _num_row_groups(path: Path) -> int:
     with pq.ParquetFile(path) as f:
-        return f.num_row_groups
+        return int(f.num_row_groups)
 
 
 # --- tests --------------------------------------------------------------------------------------
 
 
-def test_reference_run_is_complete_and_written_in_batches(job: Job, reference: dict[str, pa.Table]) -> None:
+def test_reference_run_is_complete_and_written_in_batches(
+    job: Job, reference: dict[str, pa.Table]
+) -> None:
     out_dir = job.folder / "out-ref"
     assert_finished_output(job, out_dir, reference)
     for name, table in reference.items():
         assert table.column("finish_reason").to_pylist().count("error") == 0
         # Each writer call is one row group: several batches per shard, so kills can land mid-shard.
         assert _num_row_groups(out_dir / name) >= 2
-    assert sum(sum(_usage(t, "cached_tokens")) for t in reference.values()) > 0  # prefixes are shared
+    # The prompts share long prefixes: the prefix cache is in play.
+    assert sum(sum(_usage(t, "cached_tokens")) for t in reference.values()) > 0
     summary = json.loads((out_dir / "summary.json").read_text())
     assert summary["shards"] == {"committed_this_run": NUM_SHARDS, "skipped": 0}
     assert summary["rows"]["output_rows"] == NUM_SHARDS * ROWS_PER_SHARD * N
@@ -153,7 +170,7 @@ def _random_write(job: Job) -> str:
     return str(random.Random(_KILL_SEED).randint(1, total - 1))
 
 
-KILL_POINTS = {
+KILL_POINTS: dict[str, tuple[str, Callable[[Job], str]]] = {
     "mid-shard-write": ("write", lambda job: f"{SHARD_NAMES[1]}:2"),
     "before-rename": ("before_rename", lambda job: "2"),
     "after-rename-before-manifest": ("after_rename", lambda job: "2"),
@@ -163,7 +180,9 @@ KILL_POINTS = {
 
 
 @pytest.mark.parametrize("point", list(KILL_POINTS))
-def test_resume_after_kill_is_exactly_once(job: Job, reference: dict[str, pa.Table], point: str) -> None:
+def test_resume_after_kill_is_exactly_once(
+    job: Job, reference: dict[str, pa.Table], point: str
+) -> None:
     kind, arg_of = KILL_POINTS[point]
     out = f"out-kill-{point}"
     out_dir = job.folder / out
@@ -202,9 +221,45 @@ def test_resume_after_kill_is_exactly_once(job: Job, reference: dict[str, pa.Tab
         "skipped": len(survivors),
     }
     assert summary["rows"]["output_rows"] == (NUM_SHARDS - len(survivors)) * ROWS_PER_SHARD * N
+    if kind == "after_rename":
+        # The record rebuilt from the adopted file says what a normal commit would have said.
+        manifest = json.loads((out_dir / "manifest.json").read_text())
+        ref_manifest = json.loads((job.folder / "out-ref" / "manifest.json").read_text())
+        assert _comparable_record(manifest["shards"][note["shard"]]) == _comparable_record(
+            ref_manifest["shards"][note["shard"]]
+        )
 
 
-def test_second_rerun_skips_everything_and_touches_nothing(job: Job, reference: dict[str, pa.Table]) -> None:
+def _comparable_record(record: dict[str, Any]) -> dict[str, Any]:
+    # wall_s and cached_tokens describe the run that wrote the shard, not the shard.
+    return {k: v for k, v in record.items() if k not in ("wall_s", "cached_tokens")}
+
+
+def test_kill_during_restart_then_resume_loses_nothing(
+    job: Job, reference: dict[str, pa.Table]
+) -> None:
+    # `--restart` deletes the old shards; killed after two deletions, the folder still holds the
+    # old manifest. Resuming the same job (no --restart) must not trust the manifest for the
+    # deleted shards.
+    out = "out-restart-kill"
+    out_dir = job.folder / out
+    shutil.copytree(job.folder / "out-ref", out_dir)
+    note_path = job.folder / "note-restart-kill.json"
+    killed = job.run(out, "--restart", wrapper=[str(note_path), "unlink", "2"])
+    assert killed.returncode == -9, f"not killed (rc {killed.returncode}): {killed.stderr[-2000:]}"
+    survivors = {p.name: file_state(p) for p in final_shards(out_dir)}
+    assert len(survivors) == NUM_SHARDS - 2
+
+    resumed = job.run(out)
+    assert resumed.returncode == 0, resumed.stderr
+    assert_finished_output(job, out_dir, reference)
+    for name, state in survivors.items():
+        assert file_state(out_dir / name) == state, f"{name} was rewritten"
+
+
+def test_second_rerun_skips_everything_and_touches_nothing(
+    job: Job, reference: dict[str, pa.Table]
+) -> None:
     out_dir = job.folder / "out-ref"
     before = {p.name: file_state(p) for p in [*final_shards(out_dir), out_dir / "manifest.json"]}
     result = job.run("out-ref")
@@ -218,7 +273,9 @@ def test_second_rerun_skips_everything_and_touches_nothing(job: Job, reference: 
     assert_finished_output(job, out_dir, reference)
 
 
-def test_changed_config_is_refused_then_restart_applies_it(job: Job, reference: dict[str, pa.Table]) -> None:
+def test_changed_config_is_refused_then_restart_applies_it(
+    job: Job, reference: dict[str, pa.Table]
+) -> None:
     out = "out-config"
     out_dir = job.folder / out
     shutil.copytree(job.folder / "out-ref", out_dir)
@@ -230,7 +287,9 @@ def test_changed_config_is_refused_then_restart_applies_it(job: Job, reference: 
     assert "max_tokens" in refused.stderr
     assert "6 -> 3" in refused.stderr
     assert "--restart" in refused.stderr
-    assert {p.name: file_state(p) for p in [*final_shards(out_dir), out_dir / "manifest.json"]} == before
+    assert {
+        p.name: file_state(p) for p in [*final_shards(out_dir), out_dir / "manifest.json"]
+    } == before
 
     restarted = job.run(out, "--set", "sampling.max_tokens=3", "--restart")
     assert restarted.returncode == 0, restarted.stderr
