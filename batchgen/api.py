@@ -17,7 +17,8 @@ from batchgen.io import ColumnMap, OutputRow, output_schema, rows_to_batch
 from .config import CacheConfig, RunnerConfig, SchedulerConfig
 from .engine import LLMEngine
 from .models.checkpoint import load_checkpoint
-from .pipeline import PipelineOptions, ShardMeta, ShardStats, run_pipeline_sync
+from .pipeline import run_pipeline_sync
+from .pipeline_types import PipelineOptions, ShardMeta, ShardStats
 from .prepare import RowPreparer
 from .sampling_params import SamplingParams
 

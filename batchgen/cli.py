@@ -49,7 +49,7 @@ def _run(args: argparse.Namespace) -> int:
     import torch
 
     from .job import ConfigChangedError, run_job
-    from .pipeline import JobError
+    from .pipeline_types import JobError
 
     threads = args.threads or int(os.environ.get("BATCHGEN_THREADS", "0"))
     if threads:

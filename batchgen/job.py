@@ -38,17 +38,10 @@ from . import __version__
 from .engine import LLMEngine
 from .job_config import JobConfig
 from .models.checkpoint import Checkpoint, load_checkpoint
-from .pipeline import (
-    JobError,
-    PipelineOptions,
-    PipelineStats,
-    ShardMeta,
-    ShardStats,
-    achieved_hit_rate,
-    ideal_hit_rate,
-    run_pipeline_sync,
-)
+from .pipeline import run_pipeline_sync
+from .pipeline_types import JobError, PipelineOptions, PipelineStats, ShardMeta, ShardStats
 from .prepare import RowPreparer
+from .shard_assembly import achieved_hit_rate, ideal_hit_rate
 
 __all__ = ["ConfigChangedError", "JobSummary", "build_engine", "run_job"]
 

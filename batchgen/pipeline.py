@@ -14,112 +14,37 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import anyio
 import pyarrow as pa
 from anyio.abc import ObjectReceiveStream, ObjectSendStream
 from anyio.streams.memory import MemoryObjectReceiveStream
-from tqdm.auto import tqdm
 
-from batchgen.io import ColumnMap, OutputRow
+from batchgen.io import OutputRow
 from batchgen.radix import prefix_order, trie_token_count
 
 from .engine import LLMEngine
 from .outputs import RequestOutput
+from .pipeline_types import (
+    JobError,
+    PipelineOptions,
+    PipelineStats,
+    Progress,
+    RowResult,
+    ShardMeta,
+    Sink,
+    Source,
+)
 from .prepare import PreparedRow, RowError, RowPreparer
 from .seeding import derive_seed
+from .shard_assembly import write_stage
 
-__all__ = [
-    "JobError",
-    "PipelineOptions",
-    "PipelineStats",
-    "ShardMeta",
-    "Sink",
-    "Source",
-    "run_pipeline",
-    "run_pipeline_sync",
-]
+__all__ = ["run_pipeline", "run_pipeline_sync"]
 
 _STREAM_BUFFER = 4
-
-
-class JobError(Exception):
-    """A job-level failure with a message for the user (no traceback)."""
-
-
-@dataclass(frozen=True, slots=True)
-class ShardMeta:
-    index: int
-    name: str
-    num_rows: int
-    input_path: str
-    id_type: pa.DataType
-    passthrough: pa.Schema
-
-
-class Source(Protocol):
-    def iter_batches(self, shard: ShardMeta) -> Iterator[pa.RecordBatch]:
-        """Blocking generator over the shard's record batches (required columns only)."""
-        ...
-
-
-@dataclass(slots=True)
-class ShardStats:
-    rows_by_status: Counter[str] = field(default_factory=Counter)
-    error_codes: Counter[str] = field(default_factory=Counter)
-    prompt_tokens: int = 0
-    cached_tokens: int = 0
-    completion_tokens: int = 0
-    num_output_rows: int = 0
-    started: float = field(default_factory=time.perf_counter)
-
-
-class Sink(Protocol):
-    def write(self, shard: ShardMeta, rows: Sequence[OutputRow]) -> None:
-        """Append rows (in input order) to the shard's pending output. Blocking."""
-        ...
-
-    def commit(self, shard: ShardMeta, stats: ShardStats) -> None:
-        """Make the shard's output final. Blocking."""
-        ...
-
-    def abort(self) -> None:
-        """Drop every uncommitted output (nothing partial may remain)."""
-        ...
-
-
-@dataclass(frozen=True, slots=True)
-class PipelineOptions:
-    columns: ColumnMap
-    batch_rows: int
-    order: str  # "prefix" | "input"
-    window_rows: int
-    max_error_rate: float
-    min_rows_for_error_rate: int
-    include_token_ids: bool
-    include_logprobs: bool
-    use_tqdm: bool = True
-
-
-@dataclass(slots=True)
-class PipelineStats:
-    """What a run did; engine counters are the difference over this run."""
-
-    wall_s: float = 0.0
-    num_rows: int = 0
-    num_output_rows: int = 0
-    rows_by_status: Counter[str] = field(default_factory=Counter)
-    error_codes: Counter[str] = field(default_factory=Counter)
-    prompt_tokens: int = 0
-    cached_tokens: int = 0
-    output_tokens: int = 0
-    ideal_prefill_tokens: int = 0
-    engine: dict[str, int] = field(default_factory=dict)
-    committed_shards: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,12 +52,6 @@ class _Batch:
     shard: ShardMeta
     first_row_idx: int
     batch: pa.RecordBatch
-
-
-@dataclass(frozen=True, slots=True)
-class _RowResult:
-    row: PreparedRow
-    outputs: list[OutputRow]
 
 
 def _error_outputs(row: PreparedRow, error: RowError) -> list[OutputRow]:
@@ -182,26 +101,6 @@ def _success_outputs(row: PreparedRow, out: RequestOutput, options: PipelineOpti
     return rows
 
 
-class _Progress:
-    def __init__(self, total: int, enabled: bool) -> None:
-        self._bar = tqdm(total=total, desc="rows", unit="row", disable=not enabled, dynamic_ncols=True)
-        self._start = time.perf_counter()
-        self._out_tokens = 0
-        self._hit = 0.0
-
-    def engine(self, output_tokens: int, hit_rate: float) -> None:
-        self._out_tokens = output_tokens
-        self._hit = hit_rate
-
-    def rows(self, n: int) -> None:
-        elapsed = max(time.perf_counter() - self._start, 1e-9)
-        self._bar.set_postfix_str(f"out {self._out_tokens / elapsed:.1f} tok/s, hit {self._hit:.0%}", refresh=False)
-        self._bar.update(n)
-
-    def close(self) -> None:
-        self._bar.close()
-
-
 async def run_pipeline(
     engine: LLMEngine,
     preparer: RowPreparer,
@@ -214,12 +113,12 @@ async def run_pipeline(
     re-raises a stage's exception after cancelling the others; the sink is aborted on failure."""
     stats = PipelineStats(num_rows=sum(s.num_rows for s in shards))
     engine_before = engine.stats().as_dict()
-    progress = _Progress(stats.num_rows, options.use_tqdm)
+    progress = Progress(stats.num_rows, options.use_tqdm)
     start = time.perf_counter()
     send_batches, recv_batches = anyio.create_memory_object_stream[_Batch](_STREAM_BUFFER)
     send_rows, recv_rows = anyio.create_memory_object_stream[list[PreparedRow]](_STREAM_BUFFER)
     send_windows, recv_windows = anyio.create_memory_object_stream[list[PreparedRow]](_STREAM_BUFFER)
-    send_results, recv_results = anyio.create_memory_object_stream[list[_RowResult]](_STREAM_BUFFER)
+    send_results, recv_results = anyio.create_memory_object_stream[list[RowResult]](_STREAM_BUFFER)
     committed = False
     try:
         async with anyio.create_task_group() as tg:
@@ -227,7 +126,7 @@ async def run_pipeline(
             tg.start_soon(_prepare, preparer, options, recv_batches, send_rows)
             tg.start_soon(_order, options, stats, recv_rows, send_windows)
             tg.start_soon(_engine_loop, engine, options, progress, recv_windows, send_results)
-            tg.start_soon(_write, sink, shards, options, stats, progress, recv_results)
+            tg.start_soon(write_stage, sink, shards, options, stats, progress, recv_results)
         committed = True
     finally:
         progress.close()
@@ -332,9 +231,9 @@ async def _order(
 async def _engine_loop(
     engine: LLMEngine,
     options: PipelineOptions,
-    progress: _Progress,
+    progress: Progress,
     recv: MemoryObjectReceiveStream[list[PreparedRow]],
-    send: ObjectSendStream[list[_RowResult]],
+    send: ObjectSendStream[list[RowResult]],
 ) -> None:
     """Feed the engine from the stream, step it in a worker thread, emit finished rows."""
     in_flight: dict[int, PreparedRow] = {}
@@ -344,7 +243,7 @@ async def _engine_loop(
     exhausted = False
     async with recv, send:
         while True:
-            results: list[_RowResult] = []
+            results: list[RowResult] = []
             while len(in_flight) < target:
                 if not pending:
                     if exhausted:
@@ -365,12 +264,12 @@ async def _engine_loop(
                     continue
                 row = pending.pop()
                 if row.error is not None or row.token_ids is None or row.params is None:
-                    results.append(_RowResult(row, _error_outputs(row, row.error or RowError("internal", "no tokens"))))
+                    results.append(RowResult(row, _error_outputs(row, row.error or RowError("internal", "no tokens"))))
                     continue
                 try:
                     request_id = engine.add_request(list(row.token_ids), row.params.replace(seed=row.seed))
                 except ValueError as exc:
-                    results.append(_RowResult(row, _error_outputs(row, RowError("invalid_request", str(exc)))))
+                    results.append(RowResult(row, _error_outputs(row, RowError("invalid_request", str(exc)))))
                     continue
                 in_flight[request_id] = row
             if results:
@@ -386,96 +285,8 @@ async def _engine_loop(
                 done = []
                 for out in finished:
                     row = in_flight.pop(out.request_id)
-                    done.append(_RowResult(row, _success_outputs(row, out, options)))
+                    done.append(RowResult(row, _success_outputs(row, out, options)))
                 await send.send(done)
-
-
-@dataclass(slots=True)
-class _ShardState:
-    next_row: int = 0
-    pending: dict[int, list[OutputRow]] = field(default_factory=dict)
-    ready: list[OutputRow] = field(default_factory=list)
-    stats: ShardStats = field(default_factory=ShardStats)
-
-
-async def _write(
-    sink: Sink,
-    shards: Sequence[ShardMeta],
-    options: PipelineOptions,
-    stats: PipelineStats,
-    progress: _Progress,
-    recv: ObjectReceiveStream[list[_RowResult]],
-) -> None:
-    """Reassemble each shard in input order, write it in batches, commit it at its last row."""
-    by_index = {s.index: s for s in shards}
-    states = {s.index: _ShardState() for s in shards}
-
-    async def drain(shard: ShardMeta, state: _ShardState, final: bool) -> None:
-        while state.next_row in state.pending:
-            state.ready.extend(state.pending.pop(state.next_row))
-            state.next_row += 1
-        if state.ready and (final or len(state.ready) >= options.batch_rows):
-            rows, state.ready = state.ready, []
-            await anyio.to_thread.run_sync(sink.write, shard, rows)
-        if state.next_row == shard.num_rows and not state.pending and not state.ready:
-            await anyio.to_thread.run_sync(sink.commit, shard, state.stats)
-            stats.committed_shards.append(shard.name)
-            del states[shard.index]
-
-    for shard in shards:
-        if shard.num_rows == 0:
-            await drain(shard, states[shard.index], final=True)
-    async with recv:
-        async for results in recv:
-            touched: set[int] = set()
-            for result in results:
-                row = result.row
-                state = states[row.shard]
-                state.pending[row.row_idx] = result.outputs
-                _count(state.stats, stats, result)
-                touched.add(row.shard)
-            progress.rows(len(results))
-            _check_error_rate(stats, options)
-            for index in touched:
-                shard = by_index[index]
-                state = states[index]
-                await drain(shard, state, final=state.next_row + len(state.pending) == shard.num_rows)
-    if states:
-        missing = ", ".join(by_index[i].name for i in states)
-        raise JobError(f"the pipeline ended before these shards were complete: {missing}")
-
-
-def _count(shard_stats: ShardStats, stats: PipelineStats, result: _RowResult) -> None:
-    is_error = result.row.error is not None or any(o.finish_reason == "error" for o in result.outputs)
-    status = "error" if is_error else "ok"
-    shard_stats.rows_by_status[status] += 1
-    stats.rows_by_status[status] += 1
-    if is_error:
-        code = result.outputs[0].error_code if result.outputs else "internal"
-        shard_stats.error_codes[code or "internal"] += 1
-        stats.error_codes[code or "internal"] += 1
-    else:
-        first = result.outputs[0]
-        shard_stats.prompt_tokens += first.prompt_tokens
-        shard_stats.cached_tokens += first.cached_tokens
-        stats.prompt_tokens += first.prompt_tokens
-        stats.cached_tokens += first.cached_tokens
-    completion = sum(o.completion_tokens for o in result.outputs)
-    shard_stats.completion_tokens += completion
-    stats.output_tokens += completion
-    shard_stats.num_output_rows += len(result.outputs)
-    stats.num_output_rows += len(result.outputs)
-
-
-def _check_error_rate(stats: PipelineStats, options: PipelineOptions) -> None:
-    done = sum(stats.rows_by_status.values())
-    errors = stats.rows_by_status["error"]
-    if done >= options.min_rows_for_error_rate and errors / done > options.max_error_rate:
-        top = ", ".join(f"{code} x{n}" for code, n in stats.error_codes.most_common(3))
-        raise JobError(
-            f"stopping early: {errors} of the first {done} rows failed "
-            f"({errors / done:.0%} > max_error_rate {options.max_error_rate:.0%}); most common: {top}"
-        )
 
 
 def run_pipeline_sync(
@@ -513,15 +324,3 @@ def _root_cause(group: BaseExceptionGroup[BaseException]) -> BaseException:
         if not isinstance(exc, symptoms) and not isinstance(exc, asyncio.CancelledError):
             return exc
     return leaves[0]
-
-
-def ideal_hit_rate(stats: PipelineStats) -> float:
-    """Share of prompt tokens a perfect prefix cache could skip (within each ordering window)."""
-    if stats.prompt_tokens == 0:
-        return 0.0
-    return max(0.0, 1.0 - stats.ideal_prefill_tokens / stats.prompt_tokens)
-
-
-def achieved_hit_rate(stats: PipelineStats) -> float:
-    return stats.cached_tokens / stats.prompt_tokens if stats.prompt_tokens else 0.0
-
