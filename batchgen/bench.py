@@ -11,6 +11,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from tqdm.auto import tqdm
 
@@ -87,6 +88,76 @@ def _run_mode(
     )
 
 
+def _run_transformers(
+    checkpoint: Checkpoint,
+    prompts: Sequence[list[int]],
+    params: Sequence[SamplingParams],
+    *,
+    batch_size: int,
+    dtype: str | None,
+    device: str | None,
+    use_tqdm: bool,
+) -> BenchResult:
+    """Hugging Face transformers on the same weights: left-padded static batches of
+    `batch_size`, `generate` with its KV cache, greedy. A row's useful tokens stop at EOS or
+    its own max_tokens; the batch runs until its longest row is done (what static batching is).
+    """
+    try:
+        import torch
+        from transformers import AutoModelForCausalLM
+    except ImportError as exc:
+        raise ValueError("the transformers mode needs transformers (pip install 'batchgen[test]')") from exc
+    source = checkpoint.source
+    torch_dtype = {"float16": torch.float16, "bfloat16": torch.bfloat16}.get(dtype or "", torch.float32)
+    ref: Any
+    if source.suffix == ".gguf":
+        ref = AutoModelForCausalLM.from_pretrained(str(source.parent), gguf_file=source.name, dtype=torch_dtype)
+    else:
+        ref = AutoModelForCausalLM.from_pretrained(str(source), dtype=torch_dtype)
+    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    ref = ref.to(device=dev).eval()
+    eos = set(checkpoint.config.eos_token_ids)
+    pad = next(iter(eos)) if eos else 0
+    output_tokens = 0
+    bar = tqdm(total=len(prompts), desc="bench transformers", unit="req", disable=not use_tqdm)
+    start = time.perf_counter()
+    for b in range(0, len(prompts), batch_size):
+        batch = prompts[b : b + batch_size]
+        limits = [p.max_tokens for p in params[b : b + batch_size]]
+        width = max(len(p) for p in batch)
+        ids = torch.tensor([[pad] * (width - len(p)) + list(p) for p in batch], device=dev)
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch], device=dev)
+        with torch.inference_mode():
+            out = ref.generate(
+                input_ids=ids, attention_mask=mask, max_new_tokens=max(limits), do_sample=False, pad_token_id=pad
+            )
+        for row, limit in zip(out[:, width:].tolist(), limits, strict=True):
+            useful = 0
+            for token in row[:limit]:
+                useful += 1
+                if token in eos:
+                    break
+            output_tokens += useful
+        bar.update(len(batch))
+    wall = time.perf_counter() - start
+    bar.close()
+    prompt_tokens = sum(len(p) for p in prompts)
+    return BenchResult(
+        mode="transformers",
+        wall_s=round(wall, 3),
+        num_requests=len(prompts),
+        prompt_tokens=prompt_tokens,
+        output_tokens=output_tokens,
+        output_tokens_per_s=round(output_tokens / wall, 2),
+        total_tokens_per_s=round((output_tokens + prompt_tokens) / wall, 2),
+        num_steps=0,
+        prefill_tokens_computed=prompt_tokens,
+        cached_prompt_tokens=0,
+        num_preemptions=0,
+        peak_kv_blocks_used=0,
+    )
+
+
 def run_bench(
     *,
     model: str | None,
@@ -123,20 +194,31 @@ def run_bench(
         ]
     else:
         raise ValueError(f"output_lens must be 'fixed' or 'sharegpt', got {output_lens!r}")
-    results = [
-        _run_mode(
-            checkpoint,
-            prompts,
-            params,
-            batching=mode,
-            max_num_seqs=max_num_seqs,
-            max_num_batched_tokens=max_num_batched_tokens,
-            dtype=dtype,
-            device=device,
-            use_tqdm=use_tqdm,
+    unknown = [m for m in modes if m not in ("continuous", "static", "transformers")]
+    if unknown:
+        raise ValueError(f"unknown bench mode(s) {', '.join(unknown)}; choose from continuous, static, transformers")
+    results = []
+    for mode in modes:
+        if mode == "transformers":
+            results.append(
+                _run_transformers(
+                    checkpoint, prompts, params, batch_size=max_num_seqs, dtype=dtype, device=device, use_tqdm=use_tqdm
+                )
+            )
+            continue
+        results.append(
+            _run_mode(
+                checkpoint,
+                prompts,
+                params,
+                batching=mode,
+                max_num_seqs=max_num_seqs,
+                max_num_batched_tokens=max_num_batched_tokens,
+                dtype=dtype,
+                device=device,
+                use_tqdm=use_tqdm,
+            )
         )
-        for mode in modes
-    ]
     print(format_table(results))
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)

@@ -111,7 +111,11 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--model", default=None, help="HF folder or .gguf (default: built-in SmolLM2-135M)")
     bench.add_argument("--num-prompts", type=int, default=64)
     bench.add_argument("--max-tokens", type=int, default=128)
-    bench.add_argument("--modes", default="continuous,static", help="comma-separated: continuous, static")
+    bench.add_argument(
+        "--modes",
+        default="continuous,static",
+        help="comma-separated: continuous, static, transformers (HF generate on the same weights, static batches)",
+    )
     bench.add_argument("--max-num-seqs", type=int, default=16)
     bench.add_argument(
         "--output-lens",
