@@ -24,6 +24,24 @@ def _expected(cache: torch.Tensor, new: torch.Tensor, slots: list[int]) -> torch
             out[slot // block_size, slot % block_size] = new[token].to(cache.dtype)
     return out
 
+def _write_and_check(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slots: list[int],
+    slot_dtype: torch.dtype,
+) -> None:
+    """Triton write_kv on copies of the caches equals the expected pools; -1 slots untouched."""
+    expected_k = _expected(k_cache, key, slots)
+    expected_v = _expected(v_cache, value, slots)
+    k_dev, v_dev = k_cache.to(DEVICE), v_cache.to(DEVICE)
+    slot_mapping = torch.tensor(slots, dtype=slot_dtype, device=DEVICE)
+    write_kv(key.to(DEVICE), value.to(DEVICE), k_dev, v_dev, slot_mapping, backend="triton")
+    assert torch.equal(k_dev.cpu(), expected_k)
+    assert torch.equal(v_dev.cpu(), expected_v)
+
+
 
 @pytest.mark.parametrize(
     ("cache_dtype", "input_dtype"),
@@ -65,14 +83,7 @@ def test_write_kv_exact_and_skips_padding(
     ]
     key = torch.randn(len(slots), num_kv_heads, head_dim, generator=gen).to(input_dtype)
     value = torch.randn(len(slots), num_kv_heads, head_dim, generator=gen).to(input_dtype)
-    expected_k = _expected(k_cache, key, slots)
-    expected_v = _expected(v_cache, value, slots)
-
-    k_dev, v_dev = k_cache.to(DEVICE), v_cache.to(DEVICE)
-    slot_mapping = torch.tensor(slots, dtype=torch.int64, device=DEVICE)
-    write_kv(key.to(DEVICE), value.to(DEVICE), k_dev, v_dev, slot_mapping, backend="triton")
-    assert torch.equal(k_dev.cpu(), expected_k)
-    assert torch.equal(v_dev.cpu(), expected_v)
+    _write_and_check(key, value, k_cache, v_cache, slots, torch.int64)
 
 
 def test_write_kv_strided_input_and_int32_slots() -> None:
@@ -83,13 +94,7 @@ def test_write_kv_strided_input_and_int32_slots() -> None:
     k_cache = torch.zeros(4, 16, 2, 32)
     v_cache = torch.zeros(4, 16, 2, 32)
     slots = [17, 18, 40, -1, 63]
-    expected_k = _expected(k_cache, key, slots)
-    expected_v = _expected(v_cache, value, slots)
-    k_dev, v_dev = k_cache.to(DEVICE), v_cache.to(DEVICE)
-    slot_mapping = torch.tensor(slots, dtype=torch.int32, device=DEVICE)
-    write_kv(key.to(DEVICE), value.to(DEVICE), k_dev, v_dev, slot_mapping, backend="triton")
-    assert torch.equal(k_dev.cpu(), expected_k)
-    assert torch.equal(v_dev.cpu(), expected_v)
+    _write_and_check(key, value, k_cache, v_cache, slots, torch.int32)
 
 
 def test_write_kv_rejects_mismatched_shapes() -> None:

@@ -345,7 +345,7 @@ def test_sliding_window_rules() -> None:
         ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "'yarn' is not supported"),
         ({"rope_scaling": {"rope_type": "llama3", "factor": 4.0}}, "lacks 'low_freq_factor'"),
         ({"num_key_value_heads": 3}, r"num_heads \(4\) must be a multiple of ModelConfig\.num_kv_heads \(3\)"),
-        ({"hidden_size": 0, "head_dim": 16}, r"ModelConfig\.hidden_size must be an integer >= 1"),
+        ({"hidden_size": 0, "head_dim": 16}, r"ModelConfig\.hidden_size: expected an integer >= 1"),
         ({"rms_norm_eps": -1.0}, r"ModelConfig\.rms_norm_eps"),
     ],
 )  # fmt: skip
