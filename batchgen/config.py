@@ -70,7 +70,7 @@ class RunnerConfig:
     device: str | None = None
     dtype: str | None = None
     max_model_len: int | None = None
-    attention_backend: Literal["torch", "triton"] | None = None
+    attention_backend: Literal["torch", "triton", "cpu"] | None = None
 
     def __post_init__(self) -> None:
         if self.max_model_len is not None:
@@ -79,7 +79,8 @@ class RunnerConfig:
             raise ValueError(
                 f"RunnerConfig.dtype must be float32, float16 or bfloat16, got {self.dtype!r}"
             )
-        if self.attention_backend not in (None, "torch", "triton"):
+        if self.attention_backend not in (None, "torch", "triton", "cpu"):
             raise ValueError(
-                f"RunnerConfig.attention_backend must be 'torch' or 'triton', got {self.attention_backend!r}"
+                "RunnerConfig.attention_backend must be 'torch', 'triton' or 'cpu', "
+                f"got {self.attention_backend!r}"
             )

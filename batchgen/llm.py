@@ -41,7 +41,7 @@ class LLM:
         dtype: str | None = None,
         device: str | None = None,
         seed: int = 0,
-        attention_backend: Literal["torch", "triton"] | None = None,
+        attention_backend: Literal["torch", "triton", "cpu"] | None = None,
         gpu_memory_utilization: float = 0.9,
     ) -> None:
         checkpoint = load_checkpoint(model)

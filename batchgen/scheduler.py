@@ -69,6 +69,10 @@ class SchedulerStats:
     num_running: int
 
 
+# Each running sequence keeps room for this many more tokens before another is admitted.
+_RESERVE_TOKENS = 128
+
+
 class Scheduler:
     """Continuous (or static) batching over a KV block manager.
 
@@ -184,8 +188,29 @@ class Scheduler:
             return not self._running  # a static batch runs to completion before the next
         return True
 
+    def _blocks_ahead(self, seq: Sequence, num_allocated_tokens: int) -> int:
+        """Blocks `seq` still needs beyond the `num_allocated_tokens` its table covers, to finish
+        its prompt and grow `_RESERVE_TOKENS` past it (or to its end, if nearer)."""
+        end = min(
+            seq.num_prompt_tokens + seq.params.max_tokens,
+            self._max_model_len,
+            seq.num_tokens + _RESERVE_TOKENS,
+        )
+        return max(0, self._kv.num_blocks_needed(end) - self._kv.num_blocks_needed(num_allocated_tokens))
+
     def _admit(self, planned: dict[int, int], remaining: int) -> int:
         static = self._config.batching == "static"
+        # Watermark: a sequence is admitted only if the blocks left free afterwards still cover
+        # the near-term growth of every running sequence and of itself. Admitting past that
+        # point fills the pool with prompts whose decodes then preempt each other (recompute
+        # thrash) when the pool is small.
+        #
+        #   pool:  | held by running | reserved: their next blocks | free for admission |
+        reserve = 0
+        if not static:
+            reserve = sum(
+                self._blocks_ahead(s, s.num_computed_tokens + planned.get(s.seq_id, 0)) for s in self._running
+            )
         while self._waiting and len(self._running) < self._config.max_num_seqs:
             if remaining == 0 and not static:
                 break
@@ -194,8 +219,14 @@ class Scheduler:
             # give the logits of the next token.
             hit = self._kv.match_prefix(seq.token_ids[: seq.num_tokens - 1])
             num_new = min(seq.num_tokens - hit.num_tokens, remaining)
+            own = 0 if static else self._blocks_ahead(seq, hit.num_tokens + num_new)
+            if self._running and not static:
+                needed = self._kv.num_blocks_needed(hit.num_tokens + num_new) - len(hit.block_ids)
+                if self._kv.num_free_blocks - needed < reserve + own:
+                    break
             if not self._kv.allocate(seq.seq_id, hit.num_tokens + num_new, hit):
                 break
+            reserve += own
             self._waiting.popleft()
             self._start(seq, hit)
             if num_new > 0:
