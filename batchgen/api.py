@@ -29,6 +29,7 @@ _ENGINE_KEYS = {
     "max_num_seqs": "scheduler",
     "max_num_batched_tokens": "scheduler",
     "batching": "scheduler",
+    "admission_reserve_tokens": "scheduler",
     "block_size": "cache",
     "num_kv_blocks": "cache",
     "kv_cache_memory_bytes": "cache",

@@ -21,13 +21,23 @@ def _require_positive(owner: str, name: str, value: object) -> None:
 
 @dataclass(frozen=True, slots=True)
 class SchedulerConfig:
-    """Token budget per step (None: unbounded), running-set size, batching mode."""
+    """Token budget per step (None: unbounded), running-set size, batching mode.
+
+    `admission_reserve_tokens`: a waiting sequence is admitted only while the free KV blocks
+    still cover every running sequence's next this-many tokens (or up to its end, if nearer):
+    the admission watermark that keeps a small pool from thrashing. 0 admits whenever the next
+    chunk fits (and leaves running out of blocks to recompute preemption).
+    """
 
     max_num_seqs: int = 256
     max_num_batched_tokens: int | None = 2048
     batching: Batching = "continuous"
+    admission_reserve_tokens: int = 128
 
     def __post_init__(self) -> None:
+        reserve = self.admission_reserve_tokens
+        if not isinstance(reserve, int) or isinstance(reserve, bool) or reserve < 0:
+            raise ValueError(f"SchedulerConfig.admission_reserve_tokens must be an integer >= 0, got {reserve!r}")
         _require_positive("SchedulerConfig", "max_num_seqs", self.max_num_seqs)
         if self.max_num_batched_tokens is not None:
             _require_positive("SchedulerConfig", "max_num_batched_tokens", self.max_num_batched_tokens)

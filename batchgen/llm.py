@@ -38,6 +38,7 @@ class LLM:
         kv_cache_memory_bytes: int | None = None,
         max_model_len: int | None = None,
         batching: Literal["continuous", "static"] = "continuous",
+        admission_reserve_tokens: int = 128,
         dtype: str | None = None,
         device: str | None = None,
         seed: int = 0,
@@ -51,6 +52,7 @@ class LLM:
                 max_num_seqs=max_num_seqs,
                 max_num_batched_tokens=max_num_batched_tokens,
                 batching=batching,
+                admission_reserve_tokens=admission_reserve_tokens,
             ),
             cache_config=CacheConfig(
                 block_size=block_size,

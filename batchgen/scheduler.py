@@ -69,10 +69,6 @@ class SchedulerStats:
     num_running: int
 
 
-# Each running sequence keeps room for this many more tokens before another is admitted.
-_RESERVE_TOKENS = 128
-
-
 class Scheduler:
     """Continuous (or static) batching over a KV block manager.
 
@@ -190,16 +186,17 @@ class Scheduler:
 
     def _blocks_ahead(self, seq: Sequence, num_allocated_tokens: int) -> int:
         """Blocks `seq` still needs beyond the `num_allocated_tokens` its table covers, to finish
-        its prompt and grow `_RESERVE_TOKENS` past it (or to its end, if nearer)."""
+        its prompt and grow `admission_reserve_tokens` past it (or to its end, if nearer)."""
         end = min(
             seq.num_prompt_tokens + seq.params.max_tokens,
             self._max_model_len,
-            seq.num_tokens + _RESERVE_TOKENS,
+            seq.num_tokens + self._config.admission_reserve_tokens,
         )
         return max(0, self._kv.num_blocks_needed(end) - self._kv.num_blocks_needed(num_allocated_tokens))
 
     def _admit(self, planned: dict[int, int], remaining: int) -> int:
         static = self._config.batching == "static"
+        watermark = not static and self._config.admission_reserve_tokens > 0
         # Watermark: a sequence is admitted only if the blocks left free afterwards still cover
         # the near-term growth of every running sequence and of itself. Admitting past that
         # point fills the pool with prompts whose decodes then preempt each other (recompute
@@ -207,7 +204,7 @@ class Scheduler:
         #
         #   pool:  | held by running | reserved: their next blocks | free for admission |
         reserve = 0
-        if not static:
+        if watermark:
             reserve = sum(
                 self._blocks_ahead(s, s.num_computed_tokens + planned.get(s.seq_id, 0)) for s in self._running
             )
@@ -219,8 +216,8 @@ class Scheduler:
             # give the logits of the next token.
             hit = self._kv.match_prefix(seq.token_ids[: seq.num_tokens - 1])
             num_new = min(seq.num_tokens - hit.num_tokens, remaining)
-            own = 0 if static else self._blocks_ahead(seq, hit.num_tokens + num_new)
-            if self._running and not static:
+            own = self._blocks_ahead(seq, hit.num_tokens + num_new) if watermark else 0
+            if self._running and watermark:
                 needed = self._kv.num_blocks_needed(hit.num_tokens + num_new) - len(hit.block_ids)
                 if self._kv.num_free_blocks - needed < reserve + own:
                     break

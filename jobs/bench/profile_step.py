@@ -1,6 +1,6 @@
 """Profile decode steps at full batch on a workload: where a step's time goes.
 
-usage: python jobs/bench/profile_step.py [--workload multi-turn] [--steps 3] [--threads N]
+usage: PYTHONPATH=. python jobs/bench/profile_step.py [--workload multi-turn] [--steps 3] [--backend torch]
 
 Queues the workload's requests (64 by default) into an engine with default settings, steps
 until every sequence is decoding, then runs `--steps` decode steps under torch.profiler and
@@ -44,13 +44,14 @@ def main() -> None:
     parser.add_argument("--num-requests", type=int, default=64)
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--backend", default=None, help="attention backend: torch (the reference path), cpu; default: the engine's")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     checkpoint = load_checkpoint(None)
     requests = build_workload(args.workload, checkpoint.tokenizer, num_requests=args.num_requests, max_tokens=128)
     engine = LLMEngine(
-        checkpoint, scheduler_config=SchedulerConfig(), cache_config=CacheConfig(), runner_config=RunnerConfig()
+        checkpoint, scheduler_config=SchedulerConfig(), cache_config=CacheConfig(), runner_config=RunnerConfig(attention_backend=args.backend)
     )
     for r in requests:
         engine.add_request(list(r.prompt_token_ids), SamplingParams(temperature=0, max_tokens=r.max_tokens, ignore_eos=True))
