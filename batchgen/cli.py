@@ -46,11 +46,11 @@ def _bench_workload(args: argparse.Namespace) -> int:
     from .bench import run_workload_bench
     from .config import CacheConfig, RunnerConfig, SchedulerConfig
 
-    sched: dict[str, int] = {}
-    if args.max_num_seqs:
-        sched["max_num_seqs"] = args.max_num_seqs
-    if args.max_num_batched_tokens:
-        sched["max_num_batched_tokens"] = args.max_num_batched_tokens
+    defaults = SchedulerConfig()
+    sched = SchedulerConfig(
+        max_num_seqs=args.max_num_seqs or defaults.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens or defaults.max_num_batched_tokens,
+    )
     cache = CacheConfig(
         kv_cache_memory_bytes=int(args.kv_cache_gib * (1 << 30)) if args.kv_cache_gib else None
     )
@@ -60,7 +60,7 @@ def _bench_workload(args: argparse.Namespace) -> int:
             workload=args.workload,
             num_requests=args.num_prompts,
             max_tokens=args.max_tokens,
-            scheduler_config=SchedulerConfig(**sched),
+            scheduler_config=sched,
             cache_config=cache,
             runner_config=RunnerConfig(device=args.device, dtype=args.dtype),
             requests_in=Path(args.requests_in) if args.requests_in else None,

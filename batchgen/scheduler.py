@@ -192,7 +192,8 @@ class Scheduler:
             self._max_model_len,
             seq.num_tokens + self._config.admission_reserve_tokens,
         )
-        return max(0, self._kv.num_blocks_needed(end) - self._kv.num_blocks_needed(num_allocated_tokens))
+        ahead: int = self._kv.num_blocks_needed(end) - self._kv.num_blocks_needed(num_allocated_tokens)
+        return max(0, ahead)
 
     def _admit(self, planned: dict[int, int], remaining: int) -> int:
         static = self._config.batching == "static"

@@ -52,13 +52,14 @@ def load_cpu_kernel() -> ModuleType:
     key = hashlib.sha256(
         _SOURCE.read_bytes() + " ".join(_CFLAGS).encode() + _cpu_flags().encode() + torch.__version__.encode()
     ).hexdigest()[:12]
-    return load(
+    module: ModuleType = load(
         name=f"batchgen_cpu_attention_{key}",
         sources=[str(_SOURCE)],
         extra_cflags=list(_CFLAGS),
         extra_ldflags=["-fopenmp"],
-        verbose=bool(os.environ.get("BATCHGEN_VERBOSE_BUILD")),
+        verbose=False,
     )
+    return module
 
 
 @functools.cache
