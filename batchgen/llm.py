@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal
+from typing import Any
 
 from tqdm.auto import tqdm
 
-from .config import CacheConfig, RunnerConfig, SchedulerConfig
-from .engine import EngineStats, LLMEngine
-from .models.checkpoint import load_checkpoint
-from .outputs import RequestOutput
-from .sampling_params import SamplingParams
+from batchgen.engine.config import engine_configs
+from batchgen.engine.llm_engine import EngineStats, LLMEngine
+from batchgen.engine.outputs import RequestOutput
+from batchgen.engine.sampling_params import SamplingParams
+from batchgen.models.checkpoint import load_checkpoint
 
 __all__ = ["LLM"]
 
@@ -26,46 +26,12 @@ class LLM:
     `model` is a Hugging Face folder or a .gguf file. Engine options keep vLLM's names.
     """
 
-    def __init__(
-        self,
-        model: str | None = None,
-        *,
-        block_size: int = 16,
-        max_num_seqs: int = 256,
-        max_num_batched_tokens: int | None = 2048,
-        enable_prefix_caching: bool = True,
-        num_kv_blocks: int | None = None,
-        kv_cache_memory_bytes: int | None = None,
-        max_model_len: int | None = None,
-        batching: Literal["continuous", "static"] = "continuous",
-        admission_reserve_tokens: int = 128,
-        dtype: str | None = None,
-        device: str | None = None,
-        seed: int = 0,
-        attention_backend: Literal["torch", "triton", "cpu"] | None = None,
-        gpu_memory_utilization: float = 0.9,
-    ) -> None:
+    def __init__(self, model: str | None = None, *, seed: int = 0, **engine_options: Any) -> None:
+        """Engine options: any field of SchedulerConfig, CacheConfig or RunnerConfig
+        (`batchgen.engine.config.ENGINE_OPTION_OWNERS`); TypeError names an unknown one."""
+        config = engine_configs(engine_options)
         checkpoint = load_checkpoint(model)
-        self.engine = LLMEngine(
-            checkpoint,
-            scheduler_config=SchedulerConfig(
-                max_num_seqs=max_num_seqs,
-                max_num_batched_tokens=max_num_batched_tokens,
-                batching=batching,
-                admission_reserve_tokens=admission_reserve_tokens,
-            ),
-            cache_config=CacheConfig(
-                block_size=block_size,
-                num_kv_blocks=num_kv_blocks,
-                kv_cache_memory_bytes=kv_cache_memory_bytes,
-                enable_prefix_caching=enable_prefix_caching,
-                gpu_memory_utilization=gpu_memory_utilization,
-            ),
-            runner_config=RunnerConfig(
-                device=device, dtype=dtype, max_model_len=max_model_len, attention_backend=attention_backend
-            ),
-            seed=seed,
-        )
+        self.engine = LLMEngine.from_configs(checkpoint, config, seed=seed)
         self.checkpoint_fingerprint = checkpoint.fingerprint
 
     @property

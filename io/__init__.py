@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from .errors import InputError
 from .manifest import MANIFEST_NAME, Manifest, ShardRecord, summarize_output_shard
-from .reader import ShardInfo, inspect_shard, iter_shard_batches, list_input_shards
+from .reader import ShardInfo, inspect_shard, iter_shard_batches, list_input_shards, resolve_path
 from .schema import (
     FINISH_REASONS,
     OUTPUT_COLUMNS,
@@ -29,7 +29,13 @@ from .schema import (
     passthrough_fields,
     rows_to_batch,
 )
-from .writer import OutputShardWriter, check_output_dir, clean_temp_files
+from .writer import (
+    OutputShardWriter,
+    check_output_dir,
+    clean_temp_files,
+    fsync_path,
+    write_json_atomic,
+)
 
 __all__ = [
     "FINISH_REASONS",
@@ -44,11 +50,14 @@ __all__ = [
     "ShardRecord",
     "check_output_dir",
     "clean_temp_files",
+    "fsync_path",
     "inspect_shard",
     "iter_shard_batches",
     "list_input_shards",
     "output_schema",
     "passthrough_fields",
+    "resolve_path",
     "rows_to_batch",
     "summarize_output_shard",
+    "write_json_atomic",
 ]

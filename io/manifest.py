@@ -23,7 +23,6 @@ May import: the standard library and pyarrow. Nothing of batchgen, no torch.
 from __future__ import annotations
 
 import json
-import os
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
@@ -35,7 +34,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from .errors import InputError
-from .writer import fsync_dir, new_temp_path
+from .writer import write_json_atomic
 
 __all__ = ["MANIFEST_NAME", "Manifest", "ShardRecord", "summarize_output_shard"]
 
@@ -206,12 +205,6 @@ class Manifest:
         self._shards[shard_name] = record
         self.save()
 
-    def reset(self, fingerprint: Mapping[str, Any]) -> None:
-        """Forget every shard, take the new fingerprint and save (for a restarted job)."""
-        self._fingerprint = _to_json_value(fingerprint)
-        self._shards = {}
-        self.save()
-
     def save(self) -> None:
         """Replace ``manifest.json`` atomically and durably."""
         data = {
@@ -219,18 +212,7 @@ class Manifest:
             "fingerprint": self._fingerprint,
             "shards": {name: rec.to_json() for name, rec in self._shards.items()},
         }
-        text = json.dumps(data, indent=2, allow_nan=False) + "\n"
-        temp = new_temp_path(self._out_dir, MANIFEST_NAME)
-        try:
-            with temp.open("w", encoding="utf-8") as handle:
-                handle.write(text)
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.replace(temp, self.path)
-        except BaseException:
-            temp.unlink(missing_ok=True)
-            raise
-        fsync_dir(self._out_dir)
+        write_json_atomic(self.path, data)
 
 
 def summarize_output_shard(path: Path, *, input_path: str, num_input_rows: int) -> ShardRecord:

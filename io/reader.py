@@ -31,13 +31,21 @@ import pyarrow.parquet as pq
 from .errors import InputError
 from .schema import ColumnMap
 
-__all__ = ["InputError", "ShardInfo", "inspect_shard", "iter_shard_batches", "list_input_shards"]
+__all__ = [
+    "InputError",
+    "ShardInfo",
+    "inspect_shard",
+    "iter_shard_batches",
+    "list_input_shards",
+    "resolve_path",
+]
 
 _GLOB_CHARS = frozenset("*?[")
 _STREAM_BUFFER_BYTES = 1 << 20
 
 
-def _resolve(spec: str, base_dir: Path) -> Path:
+def resolve_path(spec: str, base_dir: Path) -> Path:
+    """`spec` (``~`` expanded) made absolute against `base_dir` and normalised; no I/O."""
     path = Path(spec).expanduser()
     if not path.is_absolute():
         path = base_dir / path
@@ -51,7 +59,7 @@ def list_input_shards(spec: str, base_dir: Path) -> list[Path]:
     Returns the paths sorted. Raises InputError when nothing matches, the folder does not
     exist, or two shards share a file name.
     """
-    resolved = _resolve(spec, base_dir)
+    resolved = resolve_path(spec, base_dir)
     if _GLOB_CHARS.isdisjoint(spec):
         if not resolved.exists():
             raise InputError(f"input '{spec}' does not exist (resolved to {resolved})")

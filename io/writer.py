@@ -17,6 +17,7 @@ May import: the standard library and pyarrow. Nothing of batchgen, no torch.
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 from pathlib import Path
@@ -31,8 +32,9 @@ __all__ = [
     "OutputShardWriter",
     "check_output_dir",
     "clean_temp_files",
-    "fsync_dir",
+    "fsync_path",
     "new_temp_path",
+    "write_json_atomic",
 ]
 
 _TEMP_GLOB = ".*.tmp-*"
@@ -43,21 +45,31 @@ def new_temp_path(out_dir: Path, name: str) -> Path:
     return out_dir / f".{name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
 
 
-def fsync_dir(directory: Path) -> None:
-    """Make renames and deletions inside `directory` durable."""
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_file(path: Path) -> None:
+def fsync_path(path: Path) -> None:
+    """fsync a file (its data) or a folder (renames and deletions inside it)."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def write_json_atomic(path: Path, data: object) -> None:
+    """Replace `path` with `data` as JSON, atomically and durably: temporary file, fsync,
+    rename, fsync of the folder. Raises ValueError if `data` is not JSON-able (NaN included),
+    OSError if it cannot be written; no temporary file is left either way."""
+    text = json.dumps(data, indent=2, allow_nan=False) + "\n"
+    temp = new_temp_path(path.parent, path.name)
+    try:
+        with temp.open("w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temp, path)
+    except BaseException:
+        temp.unlink(missing_ok=True)
+        raise
+    fsync_path(path.parent)
 
 
 class OutputShardWriter:
@@ -115,10 +127,10 @@ class OutputShardWriter:
         try:
             writer, self._writer = self._writer, None
             writer.close()
-            _fsync_file(self._temp_path)
+            fsync_path(self._temp_path)
             os.replace(self._temp_path, self._final_path)
             self._is_done = True
-            fsync_dir(self._final_path.parent)
+            fsync_path(self._final_path.parent)
         except BaseException:
             if not self._is_done:
                 self.abort()
@@ -160,7 +172,7 @@ def clean_temp_files(out_dir: Path) -> int:
             path.unlink(missing_ok=True)
             removed += 1
     if removed:
-        fsync_dir(out_dir)
+        fsync_path(out_dir)
     return removed
 
 

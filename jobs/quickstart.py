@@ -14,7 +14,7 @@ import time
 import torch
 
 from batchgen import LLM, SamplingParams
-from batchgen.sharegpt import load_sharegpt_prompts
+from batchgen.data.sharegpt import load_sharegpt_prompts
 
 
 def main() -> None:

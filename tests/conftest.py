@@ -1,14 +1,20 @@
-"""Test-wide setup: Triton runs under its interpreter unless a real GPU run asks otherwise.
+"""Test-wide setup, done before anything imports torch or triton.
 
-TRITON_INTERPRET must be set before any module with @triton.jit is imported, so it is set here,
-at the top of the first conftest pytest imports.
+- TRITON_INTERPRET must be set before any module with @triton.jit is imported (unless a real GPU
+  run asks otherwise), so it is set here, at the top of the first conftest pytest imports.
+- One thread per process: the suite's subprocesses (CLI runs, kill/resume tests) inherit the
+  environment, and on a 2-core machine several OpenMP pools oversubscribe the cores. Set here so
+  that the README's plain `python -m pytest` is as fast as CI.
+- No hub access: models come from tiny local folders and the packaged GGUF only.
 """
 
 import os
 
 if not os.environ.get("BATCHGEN_REAL_GPU"):
     os.environ["TRITON_INTERPRET"] = "1"
+for _name, _value in (("OMP_NUM_THREADS", "1"), ("HF_HUB_OFFLINE", "1"), ("TRANSFORMERS_OFFLINE", "1")):
+    os.environ.setdefault(_name, _value)
 
-import torch
+import torch  # noqa: E402 (after the environment above)
 
 torch.set_num_threads(1)

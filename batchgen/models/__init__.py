@@ -2,11 +2,13 @@
 
 The public names are imported lazily, so importing `batchgen.models.config` alone does not pull
 torch, safetensors or gguf in.
+
+May import: batchgen.kernels, batchgen.tokenizer (a checkpoint carries its tokenizer).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from batchgen._lazy import lazy_getattr
 
 __all__ = [
     "Checkpoint",
@@ -17,20 +19,14 @@ __all__ = [
     "load_checkpoint",
 ]
 
-_LAZY = {
-    "Checkpoint": "batchgen.models.checkpoint",
-    "default_model_path": "batchgen.models.checkpoint",
-    "expected_weight_shapes": "batchgen.models.checkpoint",
-    "load_checkpoint": "batchgen.models.checkpoint",
-    "ModelConfig": "batchgen.models.config",
-    "RopeScaling": "batchgen.models.config",
-}
-
-
-def __getattr__(name: str) -> Any:
-    module_name = _LAZY.get(name)
-    if module_name is None:
-        raise AttributeError(f"module 'batchgen.models' has no attribute {name!r}")
-    import importlib
-
-    return getattr(importlib.import_module(module_name), name)
+__getattr__ = lazy_getattr(
+    __name__,
+    {
+        "Checkpoint": "checkpoint",
+        "default_model_path": "checkpoint",
+        "expected_weight_shapes": "checkpoint",
+        "load_checkpoint": "checkpoint",
+        "ModelConfig": "config",
+        "RopeScaling": "config",
+    },
+)

@@ -28,7 +28,7 @@ from safetensors.torch import load_file
 
 from batchgen.models.config import ModelConfig
 from batchgen.models.gguf_loader import load_gguf
-from batchgen.tokenizer import Tokenizer
+from batchgen.tokenizer.tokenizer import Tokenizer
 
 __all__ = [
     "DEFAULT_MODEL_FILE",

@@ -14,6 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from batchgen._checks import check_int
+
 __all__ = ["SUPPORTED_ARCHITECTURES", "ModelConfig", "RopeScaling"]
 
 SUPPORTED_ARCHITECTURES: tuple[str, ...] = ("llama", "mistral", "qwen2")
@@ -31,11 +33,6 @@ _DEFAULT_RMS_NORM_EPS: dict[str, float] = {"llama": 1e-6, "mistral": 1e-6, "qwen
 _DEFAULT_ROPE_THETA: dict[str, float] = {"llama": 10000.0, "mistral": 10000.0, "qwen2": 10000.0}
 
 _ROPE_TYPES = ("default", "linear", "llama3")
-
-
-def _check_int(owner: str, name: str, value: object, *, minimum: int) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise ValueError(f"{owner}.{name} must be an integer >= {minimum}, got {value!r}")
 
 
 def _check_positive_float(owner: str, name: str, value: object) -> None:
@@ -65,9 +62,7 @@ class RopeScaling:
         _check_positive_float("RopeScaling", "factor", self.factor)
         _check_positive_float("RopeScaling", "low_freq_factor", self.low_freq_factor)
         _check_positive_float("RopeScaling", "high_freq_factor", self.high_freq_factor)
-        _check_int(
-            "RopeScaling",
-            "original_max_position_embeddings",
+        check_int("RopeScaling.original_max_position_embeddings",
             self.original_max_position_embeddings,
             minimum=1,
         )
@@ -122,7 +117,7 @@ class ModelConfig:
             "head_dim",
             "max_position_embeddings",
         ):
-            _check_int(owner, name, getattr(self, name), minimum=1)
+            check_int(f"{owner}.{name}", getattr(self, name), minimum=1)
         if self.num_heads % self.num_kv_heads != 0:
             raise ValueError(
                 f"{owner}.num_heads ({self.num_heads}) must be a multiple of "
@@ -142,13 +137,13 @@ class ModelConfig:
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{owner}.{name} must be a boolean, got {getattr(self, name)!r}")
         if self.bos_token_id is not None:
-            _check_int(owner, "bos_token_id", self.bos_token_id, minimum=0)
+            check_int(f"{owner}.bos_token_id", self.bos_token_id, minimum=0)
         if not isinstance(self.eos_token_ids, tuple):
             raise ValueError(f"{owner}.eos_token_ids must be a tuple, got {self.eos_token_ids!r}")
         for token_id in self.eos_token_ids:
-            _check_int(owner, "eos_token_ids", token_id, minimum=0)
+            check_int(f"{owner}.eos_token_ids", token_id, minimum=0)
         if self.sliding_window is not None:
-            _check_int(owner, "sliding_window", self.sliding_window, minimum=1)
+            check_int(f"{owner}.sliding_window", self.sliding_window, minimum=1)
 
     @property
     def num_queries_per_kv(self) -> int:

@@ -1,7 +1,7 @@
 """Reading a llama-architecture GGUF file into a config, Hugging Face-named weights and a tokenizer.
 
 The config comes from `llama.*` metadata, the tokenizer from `tokenizer.ggml.*` (see
-`batchgen.tokenizer`). Every tensor is dequantized with `gguf.quants.dequantize` to float32, then
+`batchgen.tokenizer.tokenizer`). Every tensor is dequantized with `gguf.quants.dequantize` to float32, then
 cast to the requested dtype, and renamed to Hugging Face Llama names:
 
     token_embd -> model.embed_tokens      blk.N.attn_q/k/v -> model.layers.N.self_attn.q/k/v_proj
@@ -14,7 +14,7 @@ they are permuted back here (as transformers does) so Hugging Face's `rotate_hal
 GGUF lists dimensions fastest-first (ne0 first), so a matrix of `shape` [in, out] is read as
 (out, in). A `rope_freqs` tensor (llama 3 rope scaling) is turned back into `RopeScaling`.
 
-Imports gguf, numpy, torch, `batchgen.models.config` and `batchgen.tokenizer`.
+Imports gguf, numpy, torch, `batchgen.models.config` and `batchgen.tokenizer.tokenizer`.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import torch
 from gguf.quants import dequantize
 
 from batchgen.models.config import ModelConfig, RopeScaling
-from batchgen.tokenizer import Tokenizer
+from batchgen.tokenizer.tokenizer import Tokenizer
 
 __all__ = ["GGUFContents", "load_gguf", "read_gguf_config"]
 

@@ -17,11 +17,11 @@ from collections import defaultdict
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from batchgen.config import CacheConfig, RunnerConfig, SchedulerConfig
-from batchgen.engine import LLMEngine
+from batchgen.data.workloads import build_workload
+from batchgen.engine.config import CacheConfig, RunnerConfig, SchedulerConfig
+from batchgen.engine.llm_engine import LLMEngine
+from batchgen.engine.sampling_params import SamplingParams
 from batchgen.models.checkpoint import load_checkpoint
-from batchgen.sampling_params import SamplingParams
-from batchgen.workloads import build_workload
 
 _CATEGORIES = (
     ("gemm", ("aten::addmm", "aten::mm", "aten::linear", "aten::matmul", "aten::bmm")),

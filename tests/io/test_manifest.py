@@ -87,16 +87,6 @@ def test_diff_fingerprint_lines(tmp_path: Path) -> None:
     ]
 
 
-def test_reset_forgets_shards(tmp_path: Path) -> None:
-    manifest = Manifest.create(tmp_path, FINGERPRINT)
-    manifest.mark_committed("part-0.parquet", _record())
-    manifest.reset({"seed": 1})
-    loaded = Manifest.load(tmp_path)
-    assert loaded is not None
-    assert loaded.committed() == {}
-    assert loaded.fingerprint == {"seed": 1}
-
-
 @pytest.mark.parametrize(
     "text",
     [

@@ -1,0 +1,343 @@
+"""`batchgen bench`: throughput of the engine's batching modes, side by side in one process.
+
+All modes run the same prompts with the same weights, one after the other, so the ratios are
+comparable even on a shared, noisy machine. Figures come out as a table and as JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from tqdm.auto import tqdm
+
+from batchgen.data.sharegpt import load_sharegpt_prompts
+from batchgen.data.workloads import (
+    BenchRequest,
+    Workload,
+    build_workload,
+    read_requests,
+    write_requests,
+)
+from batchgen.engine.config import CacheConfig, RunnerConfig, SchedulerConfig
+from batchgen.engine.llm_engine import LLMEngine
+from batchgen.engine.sampling_params import SamplingParams
+from batchgen.models.checkpoint import Checkpoint, load_checkpoint
+
+__all__ = ["BenchResult", "run_bench"]
+
+
+@dataclass(frozen=True, slots=True)
+class BenchResult:
+    mode: str
+    wall_s: float
+    num_requests: int
+    prompt_tokens: int
+    output_tokens: int
+    output_tokens_per_s: float
+    total_tokens_per_s: float
+    num_steps: int
+    prefill_tokens_computed: int
+    cached_prompt_tokens: int
+    num_preemptions: int
+    peak_kv_blocks_used: int
+    workload: str = "sharegpt"
+
+
+def _run_mode(
+    checkpoint: Checkpoint,
+    prompts: Sequence[list[int]],
+    params: Sequence[SamplingParams],
+    *,
+    batching: str,
+    max_num_seqs: int,
+    max_num_batched_tokens: int,
+    dtype: str | None,
+    device: str | None,
+    use_tqdm: bool,
+    cache_config: CacheConfig | None = None,
+    outputs: dict[int, tuple[int, ...]] | None = None,
+) -> BenchResult:
+    """Run every prompt through one engine; fills `outputs` (prompt index -> generated ids)."""
+    engine = LLMEngine(
+        checkpoint,
+        scheduler_config=SchedulerConfig(
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens,
+            batching=batching,  # type: ignore[arg-type]
+        ),
+        cache_config=cache_config or CacheConfig(),
+        runner_config=RunnerConfig(device=device, dtype=dtype),
+    )
+    result = _run_engine(engine, prompts, params, outputs=outputs, use_tqdm=use_tqdm, desc=batching)
+    return _replace_mode(result, batching, "sharegpt")
+
+
+def _run_engine(
+    engine: LLMEngine,
+    prompts: Sequence[list[int]],
+    params: Sequence[SamplingParams],
+    *,
+    outputs: dict[int, tuple[int, ...]] | None,
+    use_tqdm: bool,
+    desc: str,
+) -> BenchResult:
+    """Queue every prompt, step until done; wall time covers the steps only."""
+    index = {}
+    for i, (token_ids, request_params) in enumerate(zip(prompts, params, strict=True)):
+        index[engine.add_request(list(token_ids), request_params)] = i
+    bar = tqdm(total=len(prompts), desc=f"bench {desc}", unit="req", disable=not use_tqdm)
+    start = time.perf_counter()
+    while engine.has_unfinished():
+        done = engine.step()
+        if outputs is not None:
+            for out in done:
+                outputs[index[out.request_id]] = out.outputs[0].token_ids
+        bar.update(len(done))
+    wall = time.perf_counter() - start
+    bar.close()
+    stats = engine.stats()
+    prompt_tokens = sum(len(p) for p in prompts)
+    return BenchResult(
+        mode=desc,
+        wall_s=round(wall, 3),
+        num_requests=len(prompts),
+        prompt_tokens=prompt_tokens,
+        output_tokens=stats.generation_tokens,
+        output_tokens_per_s=round(stats.generation_tokens / wall, 2),
+        total_tokens_per_s=round((stats.generation_tokens + prompt_tokens) / wall, 2),
+        num_steps=stats.num_steps,
+        prefill_tokens_computed=stats.prefill_tokens_computed,
+        cached_prompt_tokens=stats.cached_prompt_tokens,
+        num_preemptions=stats.num_preemptions,
+        peak_kv_blocks_used=stats.peak_kv_blocks_used,
+    )
+
+
+def _run_transformers(
+    checkpoint: Checkpoint,
+    prompts: Sequence[list[int]],
+    params: Sequence[SamplingParams],
+    *,
+    batch_size: int,
+    dtype: str | None,
+    device: str | None,
+    use_tqdm: bool,
+) -> BenchResult:
+    """Hugging Face transformers on the same weights: left-padded static batches of
+    `batch_size`, `generate` with its KV cache, greedy. A row's useful tokens stop at EOS or
+    its own max_tokens; the batch runs until its longest row is done (what static batching is).
+    """
+    try:
+        import torch
+        from transformers import AutoModelForCausalLM
+    except ImportError as exc:
+        raise ValueError("the transformers mode needs transformers (pip install 'batchgen[test]')") from exc
+    source = checkpoint.source
+    torch_dtype = {"float16": torch.float16, "bfloat16": torch.bfloat16}.get(dtype or "", torch.float32)
+    ref: Any
+    if source.suffix == ".gguf":
+        ref = AutoModelForCausalLM.from_pretrained(str(source.parent), gguf_file=source.name, dtype=torch_dtype)
+    else:
+        ref = AutoModelForCausalLM.from_pretrained(str(source), dtype=torch_dtype)
+    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    ref = ref.to(device=dev).eval()
+    eos = set(checkpoint.config.eos_token_ids)
+    pad = next(iter(eos)) if eos else 0
+    output_tokens = 0
+    bar = tqdm(total=len(prompts), desc="bench transformers", unit="req", disable=not use_tqdm)
+    start = time.perf_counter()
+    for b in range(0, len(prompts), batch_size):
+        batch = prompts[b : b + batch_size]
+        limits = [p.max_tokens for p in params[b : b + batch_size]]
+        width = max(len(p) for p in batch)
+        ids = torch.tensor([[pad] * (width - len(p)) + list(p) for p in batch], device=dev)
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch], device=dev)
+        with torch.inference_mode():
+            out = ref.generate(
+                input_ids=ids, attention_mask=mask, max_new_tokens=max(limits), do_sample=False, pad_token_id=pad
+            )
+        for row, limit in zip(out[:, width:].tolist(), limits, strict=True):
+            useful = 0
+            for token in row[:limit]:
+                useful += 1
+                if token in eos:
+                    break
+            output_tokens += useful
+        bar.update(len(batch))
+    wall = time.perf_counter() - start
+    bar.close()
+    prompt_tokens = sum(len(p) for p in prompts)
+    return BenchResult(
+        mode="transformers",
+        wall_s=round(wall, 3),
+        num_requests=len(prompts),
+        prompt_tokens=prompt_tokens,
+        output_tokens=output_tokens,
+        output_tokens_per_s=round(output_tokens / wall, 2),
+        total_tokens_per_s=round((output_tokens + prompt_tokens) / wall, 2),
+        num_steps=0,
+        prefill_tokens_computed=prompt_tokens,
+        cached_prompt_tokens=0,
+        num_preemptions=0,
+        peak_kv_blocks_used=0,
+    )
+
+
+def run_bench(
+    *,
+    model: str | None,
+    num_prompts: int,
+    max_tokens: int,
+    modes: Sequence[str],
+    max_num_seqs: int,
+    max_num_batched_tokens: int,
+    dtype: str | None,
+    device: str | None,
+    out: Path | None,
+    output_lens: str = "fixed",
+    use_tqdm: bool = True,
+) -> list[BenchResult]:
+    """Chat-templated ShareGPT prompts, greedy, for every mode.
+
+    output_lens "fixed": up to `max_tokens` new tokens each; "sharegpt": each request's limit is
+    the token length of the conversation's recorded reply, capped at `max_tokens` (the usual
+    ShareGPT serving benchmark), so lengths vary as they do in real traffic.
+    """
+    checkpoint = load_checkpoint(model)
+    tok = checkpoint.tokenizer
+    records = load_sharegpt_prompts(num_prompts, max_chars=1500)
+    prompts = [tok.encode_chat([{"role": "user", "content": p.text}]) for p in records]
+    if output_lens == "fixed":
+        params: list[SamplingParams] = [SamplingParams(temperature=0, max_tokens=max_tokens)] * len(prompts)
+    elif output_lens == "sharegpt":
+        params = [
+            SamplingParams(
+                temperature=0,
+                max_tokens=max(1, min(max_tokens, len(tok.encode(p.reply or "", add_special_tokens=False)))),
+            )
+            for p in records
+        ]
+    else:
+        raise ValueError(f"output_lens must be 'fixed' or 'sharegpt', got {output_lens!r}")
+    unknown = [m for m in modes if m not in ("continuous", "static", "transformers")]
+    if unknown:
+        raise ValueError(f"unknown bench mode(s) {', '.join(unknown)}; choose from continuous, static, transformers")
+    results = []
+    for mode in modes:
+        if mode == "transformers":
+            results.append(
+                _run_transformers(
+                    checkpoint, prompts, params, batch_size=max_num_seqs, dtype=dtype, device=device, use_tqdm=use_tqdm
+                )
+            )
+            continue
+        results.append(
+            _run_mode(
+                checkpoint,
+                prompts,
+                params,
+                batching=mode,
+                max_num_seqs=max_num_seqs,
+                max_num_batched_tokens=max_num_batched_tokens,
+                dtype=dtype,
+                device=device,
+                use_tqdm=use_tqdm,
+            )
+        )
+    print(format_table(results))
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        payload = {
+            "model": str(checkpoint.source),
+            "num_prompts": num_prompts,
+            "max_tokens": max_tokens,
+            "max_num_seqs": max_num_seqs,
+            "output_lens": output_lens,
+            "results": [asdict(r) for r in results],
+        }
+        out.write_text(json.dumps(payload, indent=2))
+    return results
+
+
+def run_workload_bench(
+    *,
+    model: str | None,
+    workload: Workload,
+    num_requests: int,
+    max_tokens: int,
+    scheduler_config: SchedulerConfig,
+    cache_config: CacheConfig,
+    runner_config: RunnerConfig,
+    requests_in: Path | None = None,
+    requests_out: Path | None = None,
+    outputs_out: Path | None = None,
+    repeats: int = 1,
+    use_tqdm: bool = True,
+) -> list[BenchResult]:
+    """One of the ShareGPT workloads (see workloads.py), greedy, stop at EOS, through the
+    continuous engine with the given configuration, `repeats` times (a fresh engine each).
+
+    `requests_in` replays requests written earlier instead of building them; `requests_out`
+    writes the exact requests; `outputs_out` writes each request's generated token ids (of the
+    last repeat) as JSON lines {"request_id", "token_ids"}.
+    """
+    checkpoint = load_checkpoint(model)
+    if requests_in is not None:
+        requests = read_requests(requests_in)
+    else:
+        requests = build_workload(
+            workload, checkpoint.tokenizer, num_requests=num_requests, max_tokens=max_tokens
+        )
+    if requests_out is not None:
+        write_requests(requests_out, requests)
+    prompts = [list(r.prompt_token_ids) for r in requests]
+    params = [SamplingParams(temperature=0, max_tokens=r.max_tokens) for r in requests]
+    results: list[BenchResult] = []
+    outputs: dict[int, tuple[int, ...]] = {}
+    for _ in range(repeats):
+        engine = LLMEngine(
+            checkpoint,
+            scheduler_config=scheduler_config,
+            cache_config=cache_config,
+            runner_config=runner_config,
+        )
+        outputs.clear()
+        result = _run_engine(engine, prompts, params, outputs=outputs, use_tqdm=use_tqdm, desc=workload)
+        results.append(_replace_mode(result, "batchgen", workload))
+        del engine
+    if outputs_out is not None:
+        _write_outputs(outputs_out, requests, outputs)
+    print(format_table(results))
+    return results
+
+
+def _replace_mode(result: BenchResult, mode: str, workload: str) -> BenchResult:
+    fields = asdict(result)
+    fields.update(mode=mode, workload=workload)
+    return BenchResult(**fields)
+
+
+def _write_outputs(path: Path, requests: Sequence[BenchRequest], outputs: dict[int, tuple[int, ...]]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", encoding="utf-8") as f:
+        for i, r in enumerate(requests):
+            f.write(json.dumps({"request_id": r.request_id, "token_ids": list(outputs[i])}) + "\n")
+
+
+def format_table(results: Sequence[BenchResult]) -> str:
+    base = results[-1].output_tokens_per_s if results else 0.0
+    lines = [
+        f"{'mode':<12}{'wall s':>9}{'out tok':>9}{'out tok/s':>11}{'vs last':>9}{'steps':>8}{'prefill':>9}{'preempt':>9}"
+    ]
+    for r in results:
+        ratio = r.output_tokens_per_s / base if base else float("nan")
+        lines.append(
+            f"{r.mode:<12}{r.wall_s:>9.1f}{r.output_tokens:>9}{r.output_tokens_per_s:>11.1f}{ratio:>8.2f}x"
+            f"{r.num_steps:>8}{r.prefill_tokens_computed:>9}{r.num_preemptions:>9}"
+        )
+    return "\n".join(lines)

@@ -1,0 +1,200 @@
+"""Command line: `batchgen run job.yaml`, `bench`, `gpu-check`, `prepare-sharegpt`.
+
+The CLI is the only place that reads environment variables and sets process-wide torch options.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+__all__ = ["main"]
+
+
+def _bench(args: argparse.Namespace) -> int:
+    import torch
+
+    from batchgen.cli.bench import run_bench
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.workload is not None:
+        return _bench_workload(args)
+    run_bench(
+        model=args.model,
+        num_prompts=args.num_prompts,
+        max_tokens=args.max_tokens,
+        modes=args.modes.split(","),
+        max_num_seqs=args.max_num_seqs or 16,
+        max_num_batched_tokens=args.max_num_batched_tokens or 2048,
+        dtype=args.dtype,
+        device=args.device,
+        out=Path(args.out) if args.out else None,
+        output_lens=args.output_lens,
+        use_tqdm=not args.quiet,
+    )
+    return 0
+
+
+def _bench_workload(args: argparse.Namespace) -> int:
+    """`bench --workload ...`: the engine's defaults unless options override them."""
+    import json
+    from dataclasses import asdict
+
+    from batchgen.cli.bench import run_workload_bench
+    from batchgen.engine.config import CacheConfig, RunnerConfig, SchedulerConfig
+
+    defaults = SchedulerConfig()
+    sched = SchedulerConfig(
+        max_num_seqs=args.max_num_seqs or defaults.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens or defaults.max_num_batched_tokens,
+    )
+    cache = CacheConfig(
+        kv_cache_memory_bytes=int(args.kv_cache_gib * (1 << 30)) if args.kv_cache_gib else None
+    )
+    try:
+        results = run_workload_bench(
+            model=args.model,
+            workload=args.workload,
+            num_requests=args.num_prompts,
+            max_tokens=args.max_tokens,
+            scheduler_config=sched,
+            cache_config=cache,
+            runner_config=RunnerConfig(device=args.device, dtype=args.dtype),
+            requests_in=Path(args.requests_in) if args.requests_in else None,
+            requests_out=Path(args.requests_out) if args.requests_out else None,
+            outputs_out=Path(args.outputs_out) if args.outputs_out else None,
+            repeats=args.repeats,
+            use_tqdm=not args.quiet,
+        )
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.out:
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps({"results": [asdict(r) for r in results]}, indent=2))
+    return 0
+
+
+def _run(args: argparse.Namespace) -> int:
+    from batchgen.io import InputError
+    from batchgen.job.config import JobConfigError
+    from batchgen.job.config_file import load_job_config
+
+    try:
+        config = load_job_config(Path(args.job), args.set or [])
+    except JobConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    import torch
+
+    from batchgen.job.run import ConfigChangedError, run_job
+    from batchgen.job.stages import JobError
+
+    threads = args.threads or int(os.environ.get("BATCHGEN_THREADS", "0"))
+    if threads:
+        torch.set_num_threads(threads)
+    try:
+        summary = run_job(config, restart=args.restart, use_tqdm=not args.quiet)
+    except (InputError, ConfigChangedError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except JobError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(summary.table())
+    return 0
+
+
+def _prepare_sharegpt(args: argparse.Namespace) -> int:
+    from batchgen.data.sharegpt import write_sharegpt_shards
+
+    try:
+        paths = write_sharegpt_shards(Path(args.out), num_rows=args.rows, num_shards=args.shards)
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"wrote {args.rows} prompts in {len(paths)} shards to {args.out}")
+    return 0
+
+
+def _gpu_check(args: argparse.Namespace) -> int:
+    from batchgen.cli.gpu_check import run_gpu_check
+
+    return run_gpu_check(
+        Path(args.out), num_prompts=args.num_prompts, max_tokens=args.max_tokens, max_num_seqs=args.max_num_seqs
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="batchgen", description="Offline batch text generation.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="run a job file: Parquet shards in, Parquet shards out, resumable")
+    run.add_argument("job", help="the job file (YAML)")
+    run.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a job key, e.g. sampling.max_tokens=64")
+    run.add_argument("--restart", action="store_true", help="discard outputs of a different configuration and start over")
+    run.add_argument("--threads", type=int, default=None, help="torch threads (default: BATCHGEN_THREADS or torch's choice)")
+    run.add_argument("--quiet", action="store_true", help="no progress bar")
+    run.set_defaults(func=_run)
+    prep = sub.add_parser("prepare-sharegpt", help="write real ShareGPT prompts as Parquet shards (for the demo job)")
+    prep.add_argument("out", help="output folder")
+    prep.add_argument("--rows", type=int, default=128)
+    prep.add_argument("--shards", type=int, default=4)
+    prep.set_defaults(func=_prepare_sharegpt)
+    gpu = sub.add_parser("gpu-check", help="on a CUDA machine: kernel tests, kernel timings, engine tokens/s")
+    gpu.add_argument("--out", required=True, help="folder for the JSON reports and logs")
+    gpu.add_argument("--num-prompts", type=int, default=256)
+    gpu.add_argument("--max-tokens", type=int, default=128)
+    gpu.add_argument("--max-num-seqs", type=int, default=64)
+    gpu.set_defaults(func=_gpu_check)
+    bench = sub.add_parser("bench", help="throughput of continuous vs static batching on ShareGPT prompts")
+    bench.add_argument("--model", default=None, help="HF folder or .gguf (default: built-in SmolLM2-135M)")
+    bench.add_argument("--num-prompts", type=int, default=64)
+    bench.add_argument("--max-tokens", type=int, default=128)
+    bench.add_argument(
+        "--modes",
+        default="continuous,static",
+        help="comma-separated: continuous, static, transformers (HF generate on the same weights, static batches)",
+    )
+    bench.add_argument("--max-num-seqs", type=int, default=None, help="default: 16, or the engine's with --workload")
+    bench.add_argument(
+        "--output-lens",
+        choices=["fixed", "sharegpt"],
+        default="fixed",
+        help="fixed: --max-tokens for every request; sharegpt: each request's recorded reply length (capped)",
+    )
+    bench.add_argument("--max-num-batched-tokens", type=int, default=None, help="default: 2048, or the engine's with --workload")
+    bench.add_argument(
+        "--workload",
+        choices=["single-turn", "multi-turn"],
+        default=None,
+        help="run a ShareGPT workload of token-id requests through the engine (its defaults) instead of --modes",
+    )
+    bench.add_argument("--requests-in", default=None, help="with --workload: replay requests from this JSON-lines file")
+    bench.add_argument("--requests-out", default=None, help="with --workload: write the exact requests here (JSON lines)")
+    bench.add_argument("--outputs-out", default=None, help="with --workload: write the generated token ids here")
+    bench.add_argument("--repeats", type=int, default=1, help="with --workload: runs, each with a fresh engine")
+    bench.add_argument("--kv-cache-gib", type=float, default=None, help="KV pool size (default: the engine's)")
+    bench.add_argument("--dtype", default=None, choices=["float32", "float16", "bfloat16"])
+    bench.add_argument("--device", default=None)
+    bench.add_argument("--threads", type=int, default=int(os.environ.get("BATCHGEN_THREADS", "0")) or None)
+    bench.add_argument("--out", default=None, help="write the figures as JSON here")
+    bench.add_argument("--quiet", action="store_true", help="no progress bars")
+    bench.set_defaults(func=_bench)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,327 @@
+"""The engine: one step = schedule, run the model, sample, update.
+
+Owns the request table (prompts, samples, detokenizers) and wires the scheduler, the KV block
+manager, the runner and the sampler together. Counters for `stats()` live here.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+import torch
+
+from batchgen.engine.config import CacheConfig, EngineConfigs, RunnerConfig, SchedulerConfig
+from batchgen.engine.detokenizer import IncrementalDetokenizer
+from batchgen.engine.kv_sizing import profile_cuda_kv_blocks
+from batchgen.engine.outputs import CompletionOutput, RequestOutput
+from batchgen.engine.runner import ModelRunner
+from batchgen.engine.sampler import SampleRequest, sample
+from batchgen.engine.sampling_params import SamplingParams
+from batchgen.engine.scheduler import Scheduler
+from batchgen.engine.seeding import derive_seed
+from batchgen.engine.sequence import Sequence
+from batchgen.engine.step_plan import StepPlan, StepResult
+from batchgen.models.checkpoint import Checkpoint
+from batchgen.models.llama import LlamaModel
+from batchgen.radix import KVCacheManager
+
+__all__ = ["EngineStats", "LLMEngine"]
+
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+_DEFAULT_CPU_KV_BYTES = 1 << 30
+
+
+@dataclass(frozen=True, slots=True)
+class EngineStats:
+    """Counters since the engine started (tokens unless named otherwise)."""
+
+    num_steps: int
+    num_preemptions: int
+    prompt_tokens: int
+    prefill_tokens_computed: int
+    cached_prompt_tokens: int
+    generation_tokens: int
+    num_kv_blocks: int
+    peak_kv_blocks_used: int
+
+    def as_dict(self) -> dict[str, int]:
+        return {name: getattr(self, name) for name in self.__slots__}
+
+
+@dataclass(slots=True)
+class _Request:
+    request_id: int
+    prompt: str | None
+    prompt_token_ids: tuple[int, ...]
+    params: SamplingParams
+    seqs: list[Sequence]
+    detokenizers: list[IncrementalDetokenizer | None]
+
+
+def resolve_device(name: str | None) -> torch.device:
+    if name is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def resolve_dtype(name: str | None, device: torch.device) -> torch.dtype:
+    if name is None:
+        # bf16 matmuls are several times slower than fp32 on CPUs without AMX/AVX-512 BF16.
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return _DTYPES[name]
+
+
+class LLMEngine:
+    """Generates for queued requests, a step at a time; not thread-safe (one owner thread)."""
+
+    @classmethod
+    def from_configs(cls, checkpoint: Checkpoint, configs: EngineConfigs, *, seed: int = 0) -> LLMEngine:
+        return cls(
+            checkpoint,
+            scheduler_config=configs.scheduler,
+            cache_config=configs.cache,
+            runner_config=configs.runner,
+            seed=seed,
+        )
+
+    def __init__(
+        self,
+        checkpoint: Checkpoint,
+        *,
+        scheduler_config: SchedulerConfig,
+        cache_config: CacheConfig,
+        runner_config: RunnerConfig,
+        seed: int = 0,
+    ) -> None:
+        self.tokenizer = checkpoint.tokenizer
+        self.model_config = checkpoint.config
+        self.max_num_seqs = scheduler_config.max_num_seqs
+        self._seed = seed
+        device = resolve_device(runner_config.device)
+        dtype = resolve_dtype(runner_config.dtype, device)
+        self.max_model_len = self._max_model_len(runner_config)
+        model = LlamaModel(
+            checkpoint.config,
+            checkpoint.weights,
+            device=device,
+            dtype=dtype,
+            max_model_len=self.max_model_len,
+            attention_backend=runner_config.attention_backend,
+        )
+        block_size = cache_config.block_size
+        num_blocks = self._num_blocks(cache_config, scheduler_config, model)
+        self.kv = KVCacheManager(
+            num_blocks,
+            block_size,
+            enable_prefix_caching=cache_config.enable_prefix_caching,
+            hash_seed=cache_config.hash_seed,
+        )
+        self.runner = ModelRunner(model, num_blocks=num_blocks, block_size=block_size)
+        eos = set(checkpoint.config.eos_token_ids)
+        if self.tokenizer.eos_token_id is not None:
+            eos.add(self.tokenizer.eos_token_id)
+        self.eos_token_ids = frozenset(eos)
+        self.scheduler = Scheduler(
+            scheduler_config, self.kv, max_model_len=self.max_model_len, eos_token_ids=self.eos_token_ids
+        )
+        self._requests: dict[int, _Request] = {}
+        self._seq_to_request: dict[int, _Request] = {}
+        self._request_ids = itertools.count()
+        self._seq_ids = itertools.count()
+        self._num_steps = 0
+        self._prompt_tokens = 0
+        self._generation_tokens = 0
+        self._peak_blocks = 0
+
+    def _max_model_len(self, runner_config: RunnerConfig) -> int:
+        config = self.model_config
+        limit = config.max_position_embeddings
+        if config.sliding_window is not None:
+            limit = min(limit, config.sliding_window)  # no sliding-window attention: stay exact
+        if runner_config.max_model_len is None:
+            return min(limit, 32768)
+        if runner_config.max_model_len > limit:
+            raise ValueError(
+                f"max_model_len={runner_config.max_model_len} exceeds the model's limit of {limit} tokens"
+            )
+        return runner_config.max_model_len
+
+    def _num_blocks(self, cache: CacheConfig, sched: SchedulerConfig, model: LlamaModel) -> int:
+        per_seq = -(-self.max_model_len // cache.block_size)
+        if cache.num_kv_blocks is not None:
+            num_blocks = cache.num_kv_blocks
+        elif model.device.type == "cuda" and cache.kv_cache_memory_bytes is None:
+            num_blocks = profile_cuda_kv_blocks(
+                model, sched, cache, max_model_len=self.max_model_len
+            )
+        else:
+            block_bytes = ModelRunner.kv_bytes_per_block(model, cache.block_size)
+            budget = cache.kv_cache_memory_bytes or _DEFAULT_CPU_KV_BYTES
+            num_blocks = budget // block_bytes
+            if cache.kv_cache_memory_bytes is None:
+                num_blocks = min(num_blocks, sched.max_num_seqs * per_seq)
+        if num_blocks < per_seq:
+            raise ValueError(
+                f"the KV pool ({num_blocks} blocks of {cache.block_size} tokens) cannot hold one "
+                f"sequence of max_model_len={self.max_model_len} tokens; give more KV memory or a "
+                f"smaller max_model_len"
+            )
+        return num_blocks
+
+    # --------------------------------------------------------------- requests
+    def add_request(
+        self, prompt_token_ids: list[int], params: SamplingParams, prompt: str | None = None
+    ) -> int:
+        """Queue a prompt; returns its request id. Raises ValueError if it cannot fit."""
+        self.check_prompt(prompt_token_ids)
+        request_id = next(self._request_ids)
+        base_seed = params.seed if params.seed is not None else derive_seed(self._seed, request_id)
+        seqs = [
+            Sequence(
+                seq_id=next(self._seq_ids),
+                request_id=request_id,
+                sample_index=i,
+                token_ids=list(prompt_token_ids),
+                num_prompt_tokens=len(prompt_token_ids),
+                params=params,
+                seed=derive_seed(base_seed, i),
+            )
+            for i in range(params.n)
+        ]
+        stop = params.stop_strings
+        request = _Request(
+            request_id=request_id,
+            prompt=prompt,
+            prompt_token_ids=tuple(prompt_token_ids),
+            params=params,
+            seqs=seqs,
+            detokenizers=[IncrementalDetokenizer(self.tokenizer, stop) if stop else None for _ in seqs],
+        )
+        self._requests[request_id] = request
+        for seq in seqs:
+            self._seq_to_request[seq.seq_id] = request
+        self.scheduler.add(seqs[0], seqs[1:])
+        self._prompt_tokens += len(prompt_token_ids)
+        return request_id
+
+    def check_prompt(self, prompt_token_ids: list[int]) -> None:
+        """Raises ValueError if the prompt is empty, holds unknown token ids or is too long."""
+        if not prompt_token_ids:
+            raise ValueError("prompt is empty (no tokens)")
+        vocab = self.model_config.vocab_size
+        if any(not 0 <= t < vocab for t in prompt_token_ids):
+            raise ValueError(f"prompt holds token ids outside the vocabulary [0, {vocab})")
+        if len(prompt_token_ids) >= self.max_model_len:
+            raise ValueError(
+                f"prompt of {len(prompt_token_ids)} tokens leaves no room to generate within "
+                f"max_model_len={self.max_model_len}"
+            )
+
+    def has_unfinished(self) -> bool:
+        return bool(self._requests)
+
+    @property
+    def num_unfinished(self) -> int:
+        return len(self._requests)
+
+    # ------------------------------------------------------------------- step
+    def step(self) -> list[RequestOutput]:
+        """Run one step; returns the requests that finished in it."""
+        plan = self.scheduler.schedule()
+        self._peak_blocks = max(self._peak_blocks, self.kv.num_used_blocks)
+        if plan.is_empty:
+            if self.scheduler.has_unfinished():
+                raise RuntimeError("scheduler made no progress with work pending (KV pool too small?)")
+            return []
+        self._num_steps += 1
+        advanced = self.scheduler.update(plan, self._run(plan))
+        self._generation_tokens += len(advanced)
+        finished: list[RequestOutput] = []
+        touched: dict[int, _Request] = {}
+        for seq in advanced:
+            request = self._seq_to_request[seq.seq_id]
+            detok = request.detokenizers[seq.sample_index]
+            if detok is not None and not seq.is_finished:
+                matched = detok.update(seq.generated_token_ids)
+                if matched is not None:
+                    self.scheduler.finish(seq.seq_id, "stop", matched)
+            elif detok is not None:
+                detok.update(seq.generated_token_ids)
+            touched[request.request_id] = request
+        for request in touched.values():
+            if all(s.is_finished for s in request.seqs):
+                finished.append(self._finish(request))
+        return finished
+
+    def _run(self, plan: StepPlan) -> StepResult:
+        step_logits = self.runner.execute(plan)
+        num_samples = {c.seq_id: c.num_samples for c in plan.chunks}
+        requests: list[SampleRequest] = []
+        owners: list[int] = []
+        for row, seq_id in enumerate(step_logits.seq_ids):
+            request = self._seq_to_request[seq_id]
+            seq = self.scheduler.get(seq_id)
+            # At an n-sample fork all samples draw their first token from the parent's row.
+            targets = request.seqs if num_samples[seq_id] > 1 else [seq]
+            for target in targets:
+                requests.append(
+                    SampleRequest(
+                        row=row,
+                        params=target.params,
+                        seed=target.seed,
+                        token_idx=target.num_generated_tokens,
+                    )
+                )
+                owners.append(seq_id)
+        result = sample(step_logits.logits, requests)
+        sampled: dict[int, list[int]] = {}
+        logprobs: dict[int, list[dict[int, float]]] = {}
+        for seq_id, token, lp in zip(owners, result.token_ids, result.logprobs, strict=True):
+            sampled.setdefault(seq_id, []).append(token)
+            if lp is not None:
+                logprobs.setdefault(seq_id, []).append(lp)
+        return StepResult(
+            sampled={seq_id: tuple(tokens) for seq_id, tokens in sampled.items()},
+            logprobs={seq_id: tuple(lps) for seq_id, lps in logprobs.items()},
+        )
+
+    def _finish(self, request: _Request) -> RequestOutput:
+        outputs = []
+        for seq, detok in zip(request.seqs, request.detokenizers, strict=True):
+            token_ids = tuple(seq.generated_token_ids)
+            text = detok.text if detok is not None else self.tokenizer.decode(list(token_ids))
+            outputs.append(
+                CompletionOutput(
+                    index=seq.sample_index,
+                    text=text,
+                    token_ids=token_ids,
+                    finish_reason=seq.finish_reason or "length",
+                    stop_reason=seq.stop_reason,
+                    logprobs=tuple(seq.logprobs) if request.params.logprobs is not None else None,
+                    seed=seq.seed,
+                )
+            )
+            self.scheduler.release(seq.seq_id)
+            del self._seq_to_request[seq.seq_id]
+        del self._requests[request.request_id]
+        return RequestOutput(
+            request_id=request.request_id,
+            prompt=request.prompt,
+            prompt_token_ids=request.prompt_token_ids,
+            num_cached_tokens=max(0, request.seqs[0].num_cached_tokens),
+            outputs=tuple(outputs),
+        )
+
+    def stats(self) -> EngineStats:
+        sched = self.scheduler.stats()
+        return EngineStats(
+            num_steps=self._num_steps,
+            num_preemptions=sched.num_preemptions,
+            prompt_tokens=self._prompt_tokens,
+            prefill_tokens_computed=sched.prefill_tokens_computed,
+            cached_prompt_tokens=sched.cached_prompt_tokens,
+            generation_tokens=self._generation_tokens,
+            num_kv_blocks=self.kv.num_blocks,
+            peak_kv_blocks_used=self._peak_blocks,
+        )

@@ -1,0 +1,91 @@
+"""Model runner: owns the device, the model weights and the KV pool tensors.
+
+Turns a StepPlan into tensors (through the pure `build_step_arrays`), applies pending KV block
+copies, runs one forward pass over the flat batch and returns the logits of the tokens that
+sample. It never sees a live Sequence.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from batchgen.engine.step_arrays import build_step_arrays
+from batchgen.engine.step_plan import StepPlan
+from batchgen.kernels import AttentionMetadata
+from batchgen.models.llama import LlamaModel
+
+__all__ = ["ModelRunner", "StepLogits"]
+
+
+class StepLogits:
+    """Logits rows (float32 [num_rows, vocab]) and the seq_id each row belongs to."""
+
+    __slots__ = ("logits", "seq_ids")
+
+    def __init__(self, logits: torch.Tensor, seq_ids: list[int]) -> None:
+        self.logits = logits
+        self.seq_ids = seq_ids
+
+
+class ModelRunner:
+    def __init__(self, model: LlamaModel, *, num_blocks: int, block_size: int) -> None:
+        """Allocates the KV pool: per layer two tensors [num_blocks, block_size, kv_heads, head_dim]."""
+        self.model = model
+        self.block_size = block_size
+        self.num_blocks = num_blocks
+        c = model.config
+        shape = (num_blocks, block_size, c.num_kv_heads, c.head_dim)
+        self.kv_caches = [
+            (
+                torch.zeros(shape, dtype=model.dtype, device=model.device),
+                torch.zeros(shape, dtype=model.dtype, device=model.device),
+            )
+            for _ in range(c.num_layers)
+        ]
+
+    @staticmethod
+    def kv_bytes_per_block(model: LlamaModel, block_size: int) -> int:
+        return model.kv_bytes_per_token * block_size
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.device
+
+    def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
+        """Copy whole KV blocks src -> dst in every layer (forked samples' partial blocks)."""
+        if not pairs:
+            return
+        src = torch.tensor([p[0] for p in pairs], device=self.device)
+        dst = torch.tensor([p[1] for p in pairs], device=self.device)
+        for k_cache, v_cache in self.kv_caches:
+            k_cache.index_copy_(0, dst, k_cache.index_select(0, src))
+            v_cache.index_copy_(0, dst, v_cache.index_select(0, src))
+
+    @torch.inference_mode()
+    def execute(self, plan: StepPlan) -> StepLogits:
+        """Run the plan's tokens; mutates the KV pool. Returns logits of sampling chunks."""
+        self.copy_blocks([(c.src, c.dst) for c in plan.block_copies])
+        arrays = build_step_arrays(plan.chunks, self.block_size)
+        dev = self.device
+
+        def ints(values: list[int] | list[list[int]], dtype: torch.dtype = torch.int32) -> torch.Tensor:
+            return torch.tensor(values, dtype=dtype, device=dev)
+
+        meta = AttentionMetadata(
+            query_start_loc=ints(arrays.query_start_loc),
+            seq_lens=ints(arrays.seq_lens),
+            block_tables=ints(arrays.block_tables) if arrays.block_tables else ints([[0]]),
+            slot_mapping=ints(arrays.slot_mapping, torch.int64),
+            query_lens_host=tuple(arrays.query_lens),
+            seq_lens_host=tuple(arrays.seq_lens),
+            max_query_len=max(arrays.query_lens),
+            max_seq_len=max(arrays.seq_lens),
+        )
+        logits = self.model.forward(
+            ints(arrays.input_ids, torch.int64),
+            ints(arrays.positions, torch.int64),
+            self.kv_caches,
+            meta,
+            ints(arrays.logits_indices, torch.int64),
+        )
+        return StepLogits(logits, arrays.sampling_seq_ids)

@@ -1,0 +1,103 @@
+"""Per-request sampling parameters, with vLLM's field names.
+
+Immutable after construction; `__post_init__` rejects bad values with a ValueError naming the
+field, so a bad request fails at submission and never inside a step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields
+from typing import Any
+
+from batchgen._checks import is_int
+
+__all__ = ["SamplingParams"]
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    """How to pick tokens for one prompt.
+
+    temperature 0 is greedy; top_k -1 (or 0) disables top-k; top_p 1 and min_p 0 disable theirs.
+    `seed` makes a request's samples reproducible whatever else shares the batch; `n` samples
+    share the prompt's KV blocks. `logprobs` asks for that many top log-probabilities per
+    generated token (the sampled token's is always included).
+    """
+
+    n: int = 1
+    max_tokens: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    min_p: float = 0.0
+    seed: int | None = None
+    stop: Sequence[str] = ()
+    stop_token_ids: Sequence[int] = ()
+    ignore_eos: bool = False
+    logprobs: int | None = None
+
+    def __post_init__(self) -> None:
+        self._validate()
+
+    def _validate(self) -> None:
+        if not is_int(self.n) or self.n < 1:
+            raise ValueError(f"SamplingParams.n must be an integer >= 1, got {self.n!r}")
+        if not is_int(self.max_tokens) or self.max_tokens < 1:
+            raise ValueError(f"SamplingParams.max_tokens must be an integer >= 1, got {self.max_tokens!r}")
+        if not _is_number(self.temperature) or not math.isfinite(self.temperature) or self.temperature < 0:
+            raise ValueError(f"SamplingParams.temperature must be a finite number >= 0, got {self.temperature!r}")
+        if not _is_number(self.top_p) or not 0 < self.top_p <= 1:
+            raise ValueError(f"SamplingParams.top_p must be in (0, 1], got {self.top_p!r}")
+        if not is_int(self.top_k) or self.top_k < -1:
+            raise ValueError(f"SamplingParams.top_k must be -1 (off) or an integer >= 0, got {self.top_k!r}")
+        if not _is_number(self.min_p) or not 0 <= self.min_p <= 1:
+            raise ValueError(f"SamplingParams.min_p must be in [0, 1], got {self.min_p!r}")
+        if self.seed is not None and not is_int(self.seed):
+            raise ValueError(f"SamplingParams.seed must be an integer or None, got {self.seed!r}")
+        if not all(isinstance(s, str) and s for s in self.stop_strings):
+            raise ValueError(f"SamplingParams.stop must be a list of non-empty strings, got {self.stop!r}")
+        if not isinstance(self.stop_token_ids, list | tuple) or not all(
+            is_int(t) and t >= 0 for t in self.stop_token_ids
+        ):
+            raise ValueError(
+                f"SamplingParams.stop_token_ids must be a list of integers >= 0, got {self.stop_token_ids!r}"
+            )
+        if not isinstance(self.ignore_eos, bool):
+            raise ValueError(f"SamplingParams.ignore_eos must be a boolean, got {self.ignore_eos!r}")
+        if self.logprobs is not None and (not is_int(self.logprobs) or self.logprobs < 0):
+            raise ValueError(f"SamplingParams.logprobs must be an integer >= 0 or None, got {self.logprobs!r}")
+
+    @property
+    def stop_strings(self) -> tuple[str, ...]:
+        """`stop` as a tuple (a single string is one stop string)."""
+        if isinstance(self.stop, str):
+            return (self.stop,)
+        if not isinstance(self.stop, list | tuple):
+            raise ValueError(f"SamplingParams.stop must be a list of strings, got {self.stop!r}")
+        return tuple(self.stop)
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature == 0
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any]) -> SamplingParams:
+        """Build from a dict (a job file, a per-row struct); unknown keys raise ValueError."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(
+                f"unknown sampling parameter(s) {', '.join(unknown)}; expected some of {', '.join(sorted(known))}"
+            )
+        return cls(**{k: v for k, v in values.items() if v is not None or k == "seed"})
+
+    def replace(self, **changes: Any) -> SamplingParams:
+        """A copy with some fields changed (validated again)."""
+        return dataclasses.replace(self, **changes)

@@ -1,0 +1,324 @@
+"""Iteration-level scheduler: which sequences run how many tokens in the next step.
+
+Owns the waiting and running queues, the token budget and preemption; the only writer of
+`Sequence` fields. Pure Python: it talks to the KV blocks through `KVCacheManager` and hands the
+runner a frozen `StepPlan`, never a live sequence.
+
+One step, under `max_num_batched_tokens` and `max_num_seqs`:
+1. running decodes (one token each), oldest admission first;
+2. running sequences still prefilling, a chunk each (a long prompt spans several steps);
+3. waiting sequences, admitted in order while the free blocks, after counting prefix-cache hits,
+   cover their first chunk.
+When a running sequence needs a block and none is free, the newest admitted sequence is
+preempted by recompute: its blocks are freed and it returns to the head of the queue; on return
+its prompt plus generated tokens are prefilled again (mostly from the prefix cache).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from batchgen.engine.config import SchedulerConfig
+from batchgen.engine.sequence import Sequence, SequenceStatus
+from batchgen.engine.step_plan import ScheduledChunk, StepPlan, StepResult
+from batchgen.radix import BlockCopy, CacheMatch, KVCacheManager
+
+__all__ = ["Scheduler", "SchedulerStats"]
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerStats:
+    num_preemptions: int
+    prefill_tokens_computed: int
+    cached_prompt_tokens: int
+    num_waiting: int
+    num_running: int
+
+
+class Scheduler:
+    """Continuous (or static) batching over a KV block manager.
+
+    `add` queues sequences; `schedule` plans a step; `update` applies the step's sampled tokens;
+    `finish` ends a sequence early (a stop string found by the engine).
+    """
+
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        kv: KVCacheManager,
+        *,
+        max_model_len: int,
+        eos_token_ids: Iterable[int],
+    ) -> None:
+        self._config = config
+        self._kv = kv
+        self._max_model_len = max_model_len
+        self._eos_token_ids = frozenset(eos_token_ids)
+        self._seqs: dict[int, Sequence] = {}
+        self._waiting: deque[Sequence] = deque()
+        self._running: list[Sequence] = []  # in admission order: the last is preempted first
+        self._pending_forks: dict[int, list[Sequence]] = {}  # parent seq_id -> children not yet started
+        self._pending_copies: list[BlockCopy] = []
+        self._admit_counter = 0
+        self._num_preemptions = 0
+        self._prefill_tokens_computed = 0
+        self._cached_prompt_tokens = 0
+
+    # ----------------------------------------------------------------- queue
+    def add(self, seq: Sequence, children: Iterable[Sequence] = ()) -> None:
+        """Queue a new sequence; `children` are the other samples of its request, started by
+        forking it once its first token is drawn. Raises ValueError if it cannot fit at all."""
+        if seq.num_tokens >= self._max_model_len:
+            raise ValueError(
+                f"prompt of {seq.num_tokens} tokens does not fit max_model_len={self._max_model_len}"
+            )
+        if seq.seq_id in self._seqs:
+            raise ValueError(f"sequence {seq.seq_id} was already added")
+        self._seqs[seq.seq_id] = seq
+        kids = list(children)
+        for child in kids:
+            self._seqs[child.seq_id] = child
+        if kids:
+            self._pending_forks[seq.seq_id] = kids
+        self._waiting.append(seq)
+
+    def get(self, seq_id: int) -> Sequence:
+        return self._seqs[seq_id]
+
+    def has_unfinished(self) -> bool:
+        return bool(self._waiting or self._running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self._running)
+
+    def stats(self) -> SchedulerStats:
+        return SchedulerStats(
+            num_preemptions=self._num_preemptions,
+            prefill_tokens_computed=self._prefill_tokens_computed,
+            cached_prompt_tokens=self._cached_prompt_tokens,
+            num_waiting=len(self._waiting),
+            num_running=len(self._running),
+        )
+
+    # -------------------------------------------------------------- schedule
+    def schedule(self) -> StepPlan:
+        """Plan the next step; mutates queues, sequences and block tables."""
+        budget = self._config.max_num_batched_tokens
+        remaining = budget if budget is not None else 1 << 62
+        planned: dict[int, int] = {}  # seq_id -> tokens, in plan order
+        preempted = False
+
+        decodes = [s for s in self._running if s.num_tokens - s.num_computed_tokens == 1]
+        prefills = [s for s in self._running if s.num_tokens - s.num_computed_tokens > 1]
+        for seq in decodes + prefills:
+            if remaining == 0:
+                break
+            if seq.status is not SequenceStatus.RUNNING:
+                continue  # preempted earlier in this loop
+            num_new = min(seq.num_tokens - seq.num_computed_tokens, remaining)
+            while not self._kv.allocate(seq.seq_id, seq.num_computed_tokens + num_new):
+                victim = self._running[-1]
+                remaining += planned.pop(victim.seq_id, 0)
+                self._preempt(victim)
+                preempted = True
+                if victim is seq:
+                    break
+            else:
+                planned[seq.seq_id] = num_new
+                remaining -= num_new
+                self._kv.cache_blocks(seq.seq_id, seq.token_ids, seq.num_computed_tokens + num_new)
+
+        if not preempted and self._can_admit():
+            remaining = self._admit(planned, remaining)
+
+        chunks = tuple(self._chunk(self._seqs[seq_id], n) for seq_id, n in planned.items())
+        for chunk in chunks:
+            seq = self._seqs[chunk.seq_id]
+            end = chunk.start_pos + len(chunk.token_ids)
+            self._prefill_tokens_computed += max(0, min(end, seq.num_prefill_tokens) - chunk.start_pos)
+        copies = tuple(self._pending_copies)
+        self._pending_copies.clear()
+        return StepPlan(chunks=chunks, block_copies=copies)
+
+    def _can_admit(self) -> bool:
+        if self._config.batching == "static":
+            return not self._running  # a static batch runs to completion before the next
+        return True
+
+    def _blocks_ahead(self, seq: Sequence, num_allocated_tokens: int) -> int:
+        """Blocks `seq` still needs beyond the `num_allocated_tokens` its table covers, to finish
+        its prompt and grow `admission_reserve_tokens` past it (or to its end, if nearer)."""
+        end = min(
+            seq.num_prompt_tokens + seq.params.max_tokens,
+            self._max_model_len,
+            seq.num_tokens + self._config.admission_reserve_tokens,
+        )
+        ahead: int = self._kv.num_blocks_needed(end) - self._kv.num_blocks_needed(num_allocated_tokens)
+        return max(0, ahead)
+
+    def _admit(self, planned: dict[int, int], remaining: int) -> int:
+        static = self._config.batching == "static"
+        watermark = not static and self._config.admission_reserve_tokens > 0
+        # Watermark: a sequence is admitted only if the blocks left free afterwards still cover
+        # the near-term growth of every running sequence and of itself. Admitting past that
+        # point fills the pool with prompts whose decodes then preempt each other (recompute
+        # thrash) when the pool is small.
+        #
+        #   pool:  | held by running | reserved: their next blocks | free for admission |
+        reserve = 0
+        if watermark:
+            reserve = sum(
+                self._blocks_ahead(s, s.num_computed_tokens + planned.get(s.seq_id, 0)) for s in self._running
+            )
+        while self._waiting and len(self._running) < self._config.max_num_seqs:
+            if remaining == 0 and not static:
+                break
+            seq = self._waiting[0]
+            # Take at most all but the last token from cache: the last one must be computed to
+            # give the logits of the next token.
+            hit = self._kv.match_prefix(seq.token_ids[: seq.num_tokens - 1])
+            num_new = min(seq.num_tokens - hit.num_tokens, remaining)
+            own = self._blocks_ahead(seq, hit.num_tokens + num_new) if watermark else 0
+            if self._running and watermark:
+                needed = self._kv.num_blocks_needed(hit.num_tokens + num_new) - len(hit.block_ids)
+                if self._kv.num_free_blocks - needed < reserve + own:
+                    break
+            if not self._kv.allocate(seq.seq_id, hit.num_tokens + num_new, hit):
+                break
+            reserve += own
+            self._waiting.popleft()
+            self._start(seq, hit)
+            if num_new > 0:
+                planned[seq.seq_id] = num_new
+                remaining -= num_new
+            self._kv.cache_blocks(seq.seq_id, seq.token_ids, seq.num_computed_tokens + num_new)
+        return remaining
+
+    def _start(self, seq: Sequence, hit: CacheMatch) -> None:
+        seq.status = SequenceStatus.RUNNING
+        seq.num_computed_tokens = hit.num_tokens
+        seq.num_prefill_tokens = seq.num_tokens
+        seq.admit_order = self._admit_counter
+        self._admit_counter += 1
+        if seq.num_cached_tokens < 0:
+            seq.num_cached_tokens = hit.num_tokens
+            self._cached_prompt_tokens += hit.num_tokens
+        self._running.append(seq)
+
+    def _preempt(self, seq: Sequence) -> None:
+        self._running.remove(seq)
+        self._kv.free(seq.seq_id)
+        seq.status = SequenceStatus.WAITING
+        seq.num_computed_tokens = 0
+        self._waiting.appendleft(seq)
+        self._num_preemptions += 1
+
+    def _chunk(self, seq: Sequence, num_new: int) -> ScheduledChunk:
+        start = seq.num_computed_tokens
+        end = start + num_new
+        num_samples = 0
+        if end == seq.num_tokens:
+            num_samples = 1 + len(self._pending_forks.get(seq.seq_id, ()))
+        return ScheduledChunk(
+            seq_id=seq.seq_id,
+            token_ids=tuple(seq.token_ids[start:end]),
+            start_pos=start,
+            block_table=self._kv.block_table(seq.seq_id),
+            num_samples=num_samples,
+        )
+
+    # ---------------------------------------------------------------- update
+    def update(
+        self,
+        plan: StepPlan,
+        result: StepResult,
+    ) -> list[Sequence]:
+        """Apply a finished step: advance computed counts, append sampled tokens, end sequences
+        that hit EOS, a stop token, max_tokens or max_model_len, and start forked samples.
+
+        `result.sampled[seq_id]` holds chunk.num_samples tokens (one per sample of the request).
+        Returns the sequences that received a token. KV copies of forked samples' partial blocks
+        go into the next plan, for the runner to apply before that step's forward pass.
+        """
+        advanced: list[Sequence] = []
+        for chunk in plan.chunks:
+            seq = self._seqs[chunk.seq_id]
+            if seq.status is not SequenceStatus.RUNNING:
+                raise RuntimeError(f"sequence {seq.seq_id} changed state during its step")
+            seq.num_computed_tokens += len(chunk.token_ids)
+            if chunk.num_samples == 0:
+                continue
+            tokens = result.sampled[seq.seq_id]
+            if len(tokens) != chunk.num_samples:
+                raise RuntimeError(
+                    f"expected {chunk.num_samples} tokens for sequence {seq.seq_id}, got {len(tokens)}"
+                )
+            token_logprobs = result.logprobs.get(seq.seq_id) if result.logprobs else None
+            children = self._pending_forks.pop(seq.seq_id, [])
+            # Fork before the parent's token is applied: the parent may finish on it.
+            for i, child in enumerate(children, start=1):
+                copy = self._fork(seq, child)
+                if copy is not None:
+                    self._pending_copies.append(copy)
+                self._append(child, tokens[i], token_logprobs[i] if token_logprobs else None)
+                advanced.append(child)
+            self._append(seq, tokens[0], token_logprobs[0] if token_logprobs else None)
+            advanced.append(seq)
+        return advanced
+
+    def _fork(self, parent: Sequence, child: Sequence) -> BlockCopy | None:
+        """Start `child` sharing the parent's prompt blocks (its first token is drawn from the
+        parent's logits). Without a free block for the partial last block it waits instead."""
+        result = self._kv.fork(parent.seq_id, child.seq_id, parent.num_computed_tokens)
+        if result is None:
+            # No room: the child recomputes its prompt later, mostly from the prefix cache.
+            child.num_cached_tokens = parent.num_cached_tokens
+            self._waiting.appendleft(child)
+            return None
+        child.status = SequenceStatus.RUNNING
+        child.num_computed_tokens = parent.num_computed_tokens
+        child.num_prefill_tokens = parent.num_prefill_tokens
+        child.num_cached_tokens = parent.num_cached_tokens
+        child.admit_order = self._admit_counter
+        self._admit_counter += 1
+        self._running.append(child)
+        return result.copy
+
+    def _append(self, seq: Sequence, token: int, token_logprobs: dict[int, float] | None) -> None:
+        seq.token_ids.append(token)
+        if token_logprobs is not None:
+            seq.logprobs.append(token_logprobs)
+        params = seq.params
+        if not params.ignore_eos and token in self._eos_token_ids:
+            self.finish(seq.seq_id, "stop", None)
+        elif token in params.stop_token_ids:
+            self.finish(seq.seq_id, "stop", token)
+        elif seq.num_generated_tokens >= params.max_tokens or seq.num_tokens >= self._max_model_len:
+            self.finish(seq.seq_id, "length", None)
+
+    def finish(self, seq_id: int, reason: str, stop_reason: str | int | None) -> None:
+        """End a sequence (running or waiting) and free its blocks. No-op if already finished."""
+        seq = self._seqs[seq_id]
+        if seq.status is SequenceStatus.FINISHED:
+            return
+        if seq.status is SequenceStatus.RUNNING:
+            self._running.remove(seq)
+            self._kv.free(seq.seq_id)
+        else:
+            self._waiting.remove(seq)
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_reason = reason
+        seq.stop_reason = stop_reason
+
+    def release(self, seq_id: int) -> None:
+        """Forget a finished sequence (its request has been returned)."""
+        seq = self._seqs.pop(seq_id)
+        if seq.status is not SequenceStatus.FINISHED:
+            raise RuntimeError(f"sequence {seq_id} released before it finished")

@@ -1,0 +1,204 @@
+"""The job file (``job.yaml``) as frozen dataclasses: its layout, validation of values and the
+fingerprint of what changes output rows. Reading the file is `batchgen.job.config_file`.
+
+Owns: `JobConfig` (one frozen dataclass per layer inside: `IoConfig`, `SamplingParams`,
+`SchedulerConfig`, `CacheConfig`, `RunnerConfig`) and `JobConfigError`.
+
+Layout (every key but ``input.path`` and ``output.path`` is optional; defaults shown)::
+
+    model: null                 # path/to/hf_folder, path/to/model.gguf, or null: the built-in model
+    input:
+      path: data/prompts        # a folder (its *.parquet files) or a glob, relative to this file
+      columns:                  # input column names by role
+        id: id                  # integer or string
+        prompt: prompt          # plain text; or instead `messages: conversation` (a chat:
+                                #   a list of {role, content})
+        sampling_params: null   # a struct column of per-row SamplingParams overrides
+        passthrough: []         # columns copied to the output unchanged
+      batch_rows: 1024          # rows read per Arrow batch
+    output:
+      path: out/                # folder of output shards and manifest.json
+      include_token_ids: false
+      include_logprobs: false
+    sampling: {max_tokens: 16, temperature: 1.0}   # any SamplingParams field
+    engine:                     # SchedulerConfig, CacheConfig and RunnerConfig fields
+      max_num_seqs: 256
+      max_num_batched_tokens: 2048
+      batching: continuous      # continuous | static
+      block_size: 16
+      enable_prefix_caching: true
+      num_kv_blocks: null       # or kv_cache_memory_bytes: null (null: sized from the device)
+      max_model_len: null
+      dtype: null               # float32 | float16 | bfloat16 (null: the device's default)
+      device: null              # cpu | cuda | cuda:1 (null: cuda when available)
+    seed: 0                     # job seed; each row's seed derives from it, the id and the sample
+    prompt_too_long: error      # error | truncate_left | truncate_right
+    order: prefix               # prefix (group shared prefixes) | input
+    window_rows: 1024           # rows reordered together when order is prefix
+    max_error_rate: 0.5         # stop when error rows / rows done exceeds it ...
+    min_rows_for_error_rate: 100  # ... after at least this many rows
+    executor: local             # local (ray is not available yet)
+
+Invariants:
+- Unknown keys at any level are errors (with the nearest known key as a suggestion); every
+  error is a `JobConfigError` whose message names the file, the dotted key and what was
+  expected, ready to print without a traceback.
+- Validation does no I/O beyond reading the job file: whether inputs exist is the pipeline's
+  question. Relative paths resolve against the job file's folder (`JobConfig.resolve_path`).
+- `fingerprint_fields` holds exactly what changes the output rows; throughput knobs (order,
+  windows, engine sizes) stay out so a resumed job may change them.
+
+May import: the standard library, yaml, batchgen.io, batchgen.engine.config,
+batchgen.engine.sampling_params. Never torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any, Literal, get_args
+
+from batchgen._checks import check_int
+from batchgen.engine.config import CacheConfig, RunnerConfig, SchedulerConfig
+from batchgen.engine.sampling_params import SamplingParams
+from batchgen.io import ColumnMap, resolve_path
+
+__all__ = [
+    "Executor",
+    "IoConfig",
+    "JobConfig",
+    "JobConfigError",
+    "Order",
+    "PromptTooLong",
+]
+
+PromptTooLong = Literal["error", "truncate_left", "truncate_right"]
+Order = Literal["prefix", "input"]
+Executor = Literal["local", "ray"]
+
+_MAX_SEED = 2**63 - 1
+
+
+class JobConfigError(Exception):
+    """A bad job file or override; the message names the file and the key, for users."""
+
+
+def _expect_bool(key: str, value: object) -> None:
+    if not isinstance(value, bool):
+        raise ValueError(f"{key}: expected true or false, got {value!r}")
+
+
+def _expect_text(key: str, value: object, what: str) -> None:
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"{key}: expected {what}, got {value!r}")
+
+
+def _expect_choice(key: str, value: object, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ValueError(f"{key}: expected one of {', '.join(choices)}, got {value!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class IoConfig:
+    """Where rows come from and go to; error messages use the job file's keys."""
+
+    input: str
+    columns: ColumnMap
+    output: str
+    batch_rows: int = 1024
+    include_token_ids: bool = False
+    include_logprobs: bool = False
+
+    def __post_init__(self) -> None:
+        _expect_text("input.path", self.input, "a folder or glob of Parquet files")
+        if not isinstance(self.columns, ColumnMap):
+            raise ValueError(f"input.columns: expected a ColumnMap, got {self.columns!r}")
+        _expect_text("output.path", self.output, "a folder")
+        check_int("input.batch_rows", self.batch_rows, minimum=1)
+        _expect_bool("output.include_token_ids", self.include_token_ids)
+        _expect_bool("output.include_logprobs", self.include_logprobs)
+
+
+@dataclass(frozen=True, slots=True)
+class JobConfig:
+    """A whole job, validated; error messages use the job file's keys."""
+
+    base_dir: Path
+    source: Path
+    model: str | None
+    io: IoConfig
+    sampling: SamplingParams
+    scheduler: SchedulerConfig
+    cache: CacheConfig
+    runner: RunnerConfig
+    seed: int = 0
+    prompt_too_long: PromptTooLong = "error"
+    order: Order = "prefix"
+    window_rows: int = 1024
+    max_error_rate: float = 0.5
+    min_rows_for_error_rate: int = 100
+    executor: Executor = "local"
+
+    def __post_init__(self) -> None:
+        if self.model is not None:
+            _expect_text("model", self.model, "a Hugging Face folder or a .gguf file, or null")
+        if (
+            not isinstance(self.seed, int)
+            or isinstance(self.seed, bool)
+            or not 0 <= self.seed <= _MAX_SEED
+        ):
+            raise ValueError(f"seed: expected an integer in [0, 2**63 - 1], got {self.seed!r}")
+        _expect_choice("prompt_too_long", self.prompt_too_long, get_args(PromptTooLong))
+        _expect_choice("order", self.order, get_args(Order))
+        check_int("window_rows", self.window_rows, minimum=1)
+        rate = self.max_error_rate
+        if not isinstance(rate, int | float) or isinstance(rate, bool) or not 0 <= rate <= 1:
+            raise ValueError(f"max_error_rate: expected a number in [0, 1], got {rate!r}")
+        check_int("min_rows_for_error_rate", self.min_rows_for_error_rate, minimum=0)
+        _expect_choice("executor", self.executor, get_args(Executor))
+        if self.executor == "ray":
+            raise ValueError("executor 'ray' is not available yet; use executor: local")
+
+    def resolve_path(self, p: str) -> Path:
+        """`p` as written in the job file, made absolute against the job file's folder."""
+        resolved: Path = resolve_path(p, self.base_dir)
+        return resolved
+
+    def fingerprint_fields(self) -> dict[str, Any]:
+        """The JSON-able settings that change output rows (stored in the manifest; a resumed
+        job must match them): model as written, columns, all sampling fields, seed,
+        prompt_too_long, runner dtype and max_model_len, the optional output columns."""
+        columns = self.io.columns
+        return {
+            "model": self.model,
+            "columns": {
+                "id": columns.id,
+                "prompt": columns.prompt,
+                "messages": columns.messages,
+                "sampling_params": columns.sampling_params,
+                "passthrough": list(columns.passthrough),
+            },
+            "sampling": _sampling_fingerprint(self.sampling),
+            "seed": self.seed,
+            "prompt_too_long": self.prompt_too_long,
+            "runner": {"dtype": self.runner.dtype, "max_model_len": self.runner.max_model_len},
+            "output": {
+                "include_token_ids": self.io.include_token_ids,
+                "include_logprobs": self.io.include_logprobs,
+            },
+        }
+
+
+def _sampling_fingerprint(params: SamplingParams) -> dict[str, Any]:
+    # Normalized so that `temperature: 0` and `temperature: 0.0` fingerprint alike.
+    result: dict[str, Any] = {}
+    for field in fields(SamplingParams):
+        value = getattr(params, field.name)
+        if field.name == "stop":
+            value = list(params.stop_strings)
+        elif field.name == "stop_token_ids":
+            value = list(value)
+        elif field.name in ("temperature", "top_p", "min_p"):
+            value = float(value)
+        result[field.name] = value
+    return result

@@ -1,0 +1,325 @@
+"""The streaming pipeline: read -> prepare -> order -> engine -> write, in one anyio task group.
+
+Stages are connected by bounded memory object streams, so memory stays bounded whatever the
+dataset size, and a failing stage cancels the others. Blocking work (Parquet I/O, tokenizing, the
+engine's steps) runs in worker threads; the engine loop task owns the engine.
+
+The source says which shards exist and streams their record batches; the sink receives each
+shard's output rows in input order and commits the shard once its last row is written. Files
+(`batchgen run`) and in-memory tables (`batchgen.generate`) are two sources and sinks of the same
+pipeline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+import pyarrow as pa
+from anyio.abc import ObjectReceiveStream, ObjectSendStream
+from anyio.streams.memory import MemoryObjectReceiveStream
+
+from batchgen.engine.llm_engine import LLMEngine
+from batchgen.engine.outputs import RequestOutput
+from batchgen.engine.seeding import derive_seed
+from batchgen.io import OutputRow
+from batchgen.job.prepare import PreparedRow, RowError, RowPreparer
+from batchgen.job.shard_assembly import write_stage
+from batchgen.job.stages import (
+    JobError,
+    PipelineOptions,
+    PipelineStats,
+    Progress,
+    RowResult,
+    ShardMeta,
+    Sink,
+    Source,
+)
+from batchgen.radix import prefix_order, trie_token_count
+
+__all__ = ["run_pipeline", "run_pipeline_sync"]
+
+_STREAM_BUFFER = 4
+
+
+@dataclass(frozen=True, slots=True)
+class _Batch:
+    shard: ShardMeta
+    first_row_idx: int
+    batch: pa.RecordBatch
+
+
+def _error_outputs(row: PreparedRow, error: RowError) -> list[OutputRow]:
+    return [
+        OutputRow(
+            id=row.id,
+            sample_index=i,
+            passthrough=row.passthrough,
+            output=None,
+            finish_reason="error",
+            stop_reason=None,
+            prompt_tokens=len(row.token_ids or ()),
+            completion_tokens=0,
+            cached_tokens=0,
+            error_code=error.code,
+            error_message=error.message,
+            seed=derive_seed(row.seed, i),
+        )
+        for i in range(row.num_samples)
+    ]
+
+
+def _success_outputs(row: PreparedRow, out: RequestOutput, options: PipelineOptions) -> list[OutputRow]:
+    rows = []
+    for c in out.outputs:
+        logprobs = None
+        if options.include_logprobs and c.logprobs is not None:
+            logprobs = tuple(entry[t] for t, entry in zip(c.token_ids, c.logprobs, strict=True))
+        rows.append(
+            OutputRow(
+                id=row.id,
+                sample_index=c.index,
+                passthrough=row.passthrough,
+                output=c.text,
+                finish_reason=c.finish_reason,
+                stop_reason=None if c.stop_reason is None else str(c.stop_reason),
+                prompt_tokens=len(out.prompt_token_ids),
+                completion_tokens=len(c.token_ids),
+                cached_tokens=out.num_cached_tokens,
+                error_code=None,
+                error_message=None,
+                seed=c.seed,
+                output_token_ids=c.token_ids if options.include_token_ids else None,
+                logprobs=logprobs,
+            )
+        )
+    return rows
+
+
+async def run_pipeline(
+    engine: LLMEngine,
+    preparer: RowPreparer,
+    source: Source,
+    sink: Sink,
+    shards: Sequence[ShardMeta],
+    options: PipelineOptions,
+) -> PipelineStats:
+    """Run every shard through the engine into the sink. Raises JobError (error rate), and
+    re-raises a stage's exception after cancelling the others; the sink is aborted on failure."""
+    stats = PipelineStats(num_rows=sum(s.num_rows for s in shards))
+    engine_before = engine.stats().as_dict()
+    progress = Progress(stats.num_rows, options.use_tqdm)
+    start = time.perf_counter()
+    send_batches, recv_batches = anyio.create_memory_object_stream[_Batch](_STREAM_BUFFER)
+    send_rows, recv_rows = anyio.create_memory_object_stream[list[PreparedRow]](_STREAM_BUFFER)
+    send_windows, recv_windows = anyio.create_memory_object_stream[list[PreparedRow]](_STREAM_BUFFER)
+    send_results, recv_results = anyio.create_memory_object_stream[list[RowResult]](_STREAM_BUFFER)
+    committed = False
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(_read, source, shards, options, send_batches)
+            tg.start_soon(_prepare, preparer, options, recv_batches, send_rows)
+            tg.start_soon(_order, options, stats, recv_rows, send_windows)
+            tg.start_soon(_engine_loop, engine, options, progress, recv_windows, send_results)
+            tg.start_soon(write_stage, sink, shards, options, stats, progress, recv_results)
+        committed = True
+    finally:
+        progress.close()
+        if not committed:
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(sink.abort)
+    stats.wall_s = time.perf_counter() - start
+    after = engine.stats().as_dict()
+    stats.engine = {k: after[k] - engine_before.get(k, 0) for k in after}
+    stats.engine["num_kv_blocks"] = after["num_kv_blocks"]
+    stats.engine["peak_kv_blocks_used"] = after["peak_kv_blocks_used"]
+    return stats
+
+
+async def _read(
+    source: Source, shards: Sequence[ShardMeta], options: PipelineOptions, send: ObjectSendStream[_Batch]
+) -> None:
+    async with send:
+        for shard in shards:
+            it = source.iter_batches(shard)
+            first = 0
+            try:
+                while True:
+                    batch = await anyio.to_thread.run_sync(next, it, None)
+                    if batch is None:
+                        break
+                    await send.send(_Batch(shard, first, batch))
+                    first += batch.num_rows
+            finally:
+                close: Callable[[], None] | None = getattr(it, "close", None)
+                if close is not None:
+                    close()
+            if first != shard.num_rows:
+                raise JobError(f"{shard.input_path}: read {first} rows, the file's footer says {shard.num_rows}")
+
+
+def _column(batch: pa.RecordBatch, name: str | None) -> list[Any] | None:
+    if name is None:
+        return None
+    values: list[Any] = batch.column(batch.schema.get_field_index(name)).to_pylist()
+    return values
+
+
+def _prepare_batch(preparer: RowPreparer, options: PipelineOptions, item: _Batch) -> list[PreparedRow]:
+    cols = options.columns
+    batch = item.batch
+    ids = _column(batch, cols.id) or []
+    passthrough_cols = [_column(batch, name) or [] for name in cols.passthrough]
+    passthrough = [tuple(col[i] for col in passthrough_cols) for i in range(batch.num_rows)]
+    return preparer.prepare(
+        item.shard.index,
+        item.first_row_idx,
+        ids,
+        _column(batch, cols.prompt),
+        _column(batch, cols.messages),
+        _column(batch, cols.sampling_params),
+        passthrough,
+    )
+
+
+async def _prepare(
+    preparer: RowPreparer,
+    options: PipelineOptions,
+    recv: ObjectReceiveStream[_Batch],
+    send: ObjectSendStream[list[PreparedRow]],
+) -> None:
+    async with recv, send:
+        async for item in recv:
+            rows = await anyio.to_thread.run_sync(_prepare_batch, preparer, options, item)
+            if item.first_row_idx + item.batch.num_rows == item.shard.num_rows:
+                preparer.forget_shard(item.shard.index)
+            await send.send(rows)
+
+
+async def _order(
+    options: PipelineOptions,
+    stats: PipelineStats,
+    recv: ObjectReceiveStream[list[PreparedRow]],
+    send: ObjectSendStream[list[PreparedRow]],
+) -> None:
+    """Collect windows of window_rows prompts; emit each in depth-first order of its token trie."""
+
+    async def flush(window: list[PreparedRow]) -> None:
+        valid = [r.token_ids for r in window if r.token_ids is not None]
+        stats.ideal_prefill_tokens += trie_token_count(valid)
+        if options.order == "prefix":
+            keys = [r.token_ids or () for r in window]
+            window = [window[i] for i in prefix_order(keys)]
+        await send.send(window)
+
+    async with recv, send:
+        window: list[PreparedRow] = []
+        async for rows in recv:
+            window.extend(rows)
+            while len(window) >= options.window_rows:
+                await flush(window[: options.window_rows])
+                window = window[options.window_rows :]
+        if window:
+            await flush(window)
+
+
+async def _engine_loop(
+    engine: LLMEngine,
+    options: PipelineOptions,
+    progress: Progress,
+    recv: MemoryObjectReceiveStream[list[PreparedRow]],
+    send: ObjectSendStream[list[RowResult]],
+) -> None:
+    """Feed the engine from the stream, step it in a worker thread, emit finished rows."""
+    in_flight: dict[int, PreparedRow] = {}
+    pending: list[PreparedRow] = []
+    # Enough queued work for the scheduler to fill its budget; the rest waits in the stream.
+    target = max(64, 2 * engine.max_num_seqs)
+    exhausted = False
+    async with recv, send:
+        while True:
+            results: list[RowResult] = []
+            while len(in_flight) < target:
+                if not pending:
+                    if exhausted:
+                        break
+                    try:
+                        pending = list(reversed(recv.receive_nowait()))
+                    except anyio.WouldBlock:
+                        if in_flight:
+                            break
+                        try:
+                            pending = list(reversed(await recv.receive()))
+                        except anyio.EndOfStream:
+                            exhausted = True
+                            break
+                    except anyio.EndOfStream:
+                        exhausted = True
+                        break
+                    continue
+                row = pending.pop()
+                if row.error is not None or row.token_ids is None or row.params is None:
+                    results.append(RowResult(row, _error_outputs(row, row.error or RowError("internal", "no tokens"))))
+                    continue
+                try:
+                    request_id = engine.add_request(list(row.token_ids), row.params.replace(seed=row.seed))
+                except ValueError as exc:
+                    results.append(RowResult(row, _error_outputs(row, RowError("invalid_request", str(exc)))))
+                    continue
+                in_flight[request_id] = row
+            if results:
+                await send.send(results)
+            if not in_flight:
+                if exhausted and not pending:
+                    return
+                continue
+            finished = await anyio.to_thread.run_sync(engine.step)
+            s = engine.stats()
+            progress.engine(s.generation_tokens, s.cached_prompt_tokens / max(1, s.prompt_tokens))
+            if finished:
+                done = []
+                for out in finished:
+                    row = in_flight.pop(out.request_id)
+                    done.append(RowResult(row, _success_outputs(row, out, options)))
+                await send.send(done)
+
+
+def run_pipeline_sync(
+    engine: LLMEngine,
+    preparer: RowPreparer,
+    source: Source,
+    sink: Sink,
+    shards: Sequence[ShardMeta],
+    options: PipelineOptions,
+) -> PipelineStats:
+    """run_pipeline in a fresh event loop; a stage's failure comes out as itself, not wrapped."""
+    try:
+        return anyio.run(run_pipeline, engine, preparer, source, sink, shards, options)
+    except BaseExceptionGroup as group:
+        raise _root_cause(group) from group
+
+
+def _root_cause(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    """The first failure that is not a cancellation or a closed stream (a symptom of it)."""
+    leaves: list[BaseException] = []
+
+    def walk(exc: BaseException) -> None:
+        if isinstance(exc, BaseExceptionGroup):
+            for inner in exc.exceptions:
+                walk(inner)
+        else:
+            leaves.append(exc)
+
+    walk(group)
+    for exc in leaves:
+        if isinstance(exc, KeyboardInterrupt):
+            return exc
+    symptoms = (anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.EndOfStream)
+    for exc in leaves:
+        if not isinstance(exc, symptoms) and not isinstance(exc, asyncio.CancelledError):
+            return exc
+    return leaves[0]

