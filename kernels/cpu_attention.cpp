@@ -14,6 +14,10 @@
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#endif
+
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -38,6 +42,111 @@ inline float dot(const float* __restrict a, const float* __restrict b, int64_t n
 #pragma omp simd reduction(+ : acc)
   for (int64_t d = 0; d < n; ++d) acc += a[d] * b[d];
   return acc;
+}
+
+#if defined(__AVX2__) && defined(__FMA__)
+// exp for x <= 0 (softmax after subtracting the running max): 2^(x log2 e) as 2^n times a
+// degree-6 polynomial on [-ln2/2, ln2/2]; relative error about 2e-7. x below -87 gives 0.
+inline __m256 exp_neg(__m256 x) {
+  const __m256 lo = _mm256_set1_ps(-87.0f);
+  const __m256 is_tiny = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
+  x = _mm256_max_ps(x, lo);
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  const __m256 y = _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+  return _mm256_andnot_ps(is_tiny, y);
+}
+
+// Sums of each of 8 vectors, as one vector: out[i] = sum of a[i]'s 8 lanes.
+inline __m256 hsum8(const __m256* a) {
+  const __m256 t0 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
+  const __m256 t1 = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));
+  return _mm256_add_ps(_mm256_permute2f128_ps(t0, t1, 0x20), _mm256_permute2f128_ps(t0, t1, 0x31));
+}
+#endif
+
+// s[j] = scale * q . k_j for the first n tokens of a block (k_j = kb + j * stride).
+inline void block_scores(const float* qr, const float* kb, int64_t stride, int64_t n, int64_t head_dim,
+                         float scale, float* s) {
+  int64_t j = 0;
+#if defined(__AVX2__) && defined(__FMA__)
+  if (head_dim % 8 == 0) {
+    // 8 tokens at a time: 8 independent FMA chains, then one transpose-and-add.
+    for (; j + 8 <= n; j += 8) {
+      __m256 acc[8];
+      for (int t = 0; t < 8; ++t) acc[t] = _mm256_setzero_ps();
+      for (int64_t d = 0; d < head_dim; d += 8) {
+        const __m256 qv = _mm256_loadu_ps(qr + d);
+        for (int t = 0; t < 8; ++t) acc[t] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kb + (j + t) * stride + d), acc[t]);
+      }
+      _mm256_storeu_ps(s + j, _mm256_mul_ps(hsum8(acc), _mm256_set1_ps(scale)));
+    }
+  }
+#endif
+  for (; j < n; ++j) s[j] = dot(qr, kb + j * stride, head_dim) * scale;
+}
+
+// s[j] = exp(s[j] - m) for j < n; returns their sum.
+inline float block_exp(float* s, int64_t n, float m) {
+  int64_t j = 0;
+  float sum = 0.f;
+#if defined(__AVX2__) && defined(__FMA__)
+  __m256 vsum = _mm256_setzero_ps();
+  const __m256 vm = _mm256_set1_ps(m);
+  for (; j + 8 <= n; j += 8) {
+    const __m256 e = exp_neg(_mm256_sub_ps(_mm256_loadu_ps(s + j), vm));
+    _mm256_storeu_ps(s + j, e);
+    vsum = _mm256_add_ps(vsum, e);
+  }
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, vsum);
+  for (float x : lanes) sum += x;
+#endif
+  for (; j < n; ++j) {
+    s[j] = std::exp(s[j] - m);
+    sum += s[j];
+  }
+  return sum;
+}
+
+// a = a * alpha + sum_j p[j] * v_j over the first n tokens of a block.
+inline void block_pv(float* a, float alpha, const float* p, const float* vb, int64_t stride, int64_t n,
+                     int64_t head_dim) {
+#if defined(__AVX2__) && defined(__FMA__)
+  if (head_dim % 8 == 0) {
+    const __m256 va = _mm256_set1_ps(alpha);
+    for (int64_t d0 = 0; d0 < head_dim; d0 += 64) {  // 8 accumulators (64 floats) per pass
+      const int64_t num = std::min<int64_t>(8, (head_dim - d0) / 8);
+      __m256 acc[8];
+      for (int64_t c = 0; c < num; ++c) acc[c] = _mm256_mul_ps(_mm256_loadu_ps(a + d0 + 8 * c), va);
+      for (int64_t j = 0; j < n; ++j) {
+        const __m256 pj = _mm256_set1_ps(p[j]);
+        const float* vr = vb + j * stride + d0;
+        for (int64_t c = 0; c < num; ++c) acc[c] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vr + 8 * c), acc[c]);
+      }
+      for (int64_t c = 0; c < num; ++c) _mm256_storeu_ps(a + d0 + 8 * c, acc[c]);
+    }
+    return;
+  }
+#endif
+#pragma omp simd
+  for (int64_t d = 0; d < head_dim; ++d) a[d] *= alpha;
+  for (int64_t j = 0; j < n; ++j) {
+    const float pj = p[j];
+    const float* vr = vb + j * stride;
+#pragma omp simd
+    for (int64_t d = 0; d < head_dim; ++d) a[d] += pj * vr[d];
+  }
 }
 
 void run_item(const Item& it, const float* q, float* out, const float* k_cache, const float* v_cache,
@@ -75,29 +184,14 @@ void run_item(const Item& it, const float* q, float* out, const float* k_cache, 
       const int64_t visible = std::min(n, pos + 1 - base);  // causal limit inside this block
       float* s = scores + r * block_size;
       if (visible <= 0) continue;
+      block_scores(qr, kb, token_stride, visible, head_dim, scale, s);
       float block_max = -std::numeric_limits<float>::infinity();
-      for (int64_t j = 0; j < visible; ++j) {
-        s[j] = dot(qr, kb + j * token_stride, head_dim) * scale;
-        block_max = std::max(block_max, s[j]);
-      }
+      for (int64_t j = 0; j < visible; ++j) block_max = std::max(block_max, s[j]);
       const float m_new = std::max(m[r], block_max);
       const float alpha = std::exp(m[r] - m_new);
-      float sum = 0.f;
-      for (int64_t j = 0; j < visible; ++j) {
-        s[j] = std::exp(s[j] - m_new);
-        sum += s[j];
-      }
-      l[r] = l[r] * alpha + sum;
+      l[r] = l[r] * alpha + block_exp(s, visible, m_new);
       m[r] = m_new;
-      float* a = acc + r * head_dim;
-#pragma omp simd
-      for (int64_t d = 0; d < head_dim; ++d) a[d] *= alpha;
-      for (int64_t j = 0; j < visible; ++j) {
-        const float p = s[j];
-        const float* vr = vb + j * token_stride;
-#pragma omp simd
-        for (int64_t d = 0; d < head_dim; ++d) a[d] += p * vr[d];
-      }
+      block_pv(acc + r * head_dim, alpha, s, vb, token_stride, visible, head_dim);
     }
   }
   for (int64_t r = 0; r < rows; ++r) {
