@@ -1,6 +1,8 @@
-"""One entry point per op; picks the Triton or PyTorch implementation.
+"""One entry point per op; picks the Triton, compiled-CPU or PyTorch implementation.
 
-`backend` is "torch", "triton" or None (None: Triton on CUDA tensors, PyTorch otherwise).
+`backend` is "torch", "triton", "cpu" or None (None: Triton on CUDA tensors; on CPU the compiled
+paged-attention kernel for float32 when it builds, PyTorch for everything else). "cpu" only
+changes attention; the other ops run their PyTorch path there.
 "triton" on CPU tensors works only under the Triton interpreter (TRITON_INTERPRET=1 set before
 the first Triton call); that is how CI tests the kernels. Triton modules are imported lazily, on
 the first Triton call, so importing this package needs no triton and costs nothing on CPU.
@@ -12,6 +14,7 @@ from typing import Literal, NamedTuple
 
 import torch
 
+from .attention_cpu import is_cpu_kernel_available, paged_attention_cpu
 from .attention_torch import paged_attention_torch, write_kv_torch
 from .metadata import AttentionMetadata
 
@@ -25,15 +28,21 @@ __all__ = [
     "write_kv",
 ]
 
-Backend = Literal["torch", "triton"]
+Backend = Literal["torch", "triton", "cpu"]
 
 
 def resolve_backend(backend: Backend | None, device: torch.device) -> Backend:
-    """The backend to use for tensors on `device`; raises ValueError for an unknown name."""
+    """The backend to use for tensors on `device`; raises ValueError for an unknown name.
+
+    None on a CPU device gives "cpu" when the compiled kernel builds (first call: a compile),
+    else "torch".
+    """
     if backend is None:
-        return "triton" if device.type == "cuda" else "torch"
-    if backend not in ("torch", "triton"):
-        raise ValueError(f"attention backend must be 'torch' or 'triton', got {backend!r}")
+        if device.type == "cuda":
+            return "triton"
+        return "cpu" if device.type == "cpu" and is_cpu_kernel_available() else "torch"
+    if backend not in ("torch", "triton", "cpu"):
+        raise ValueError(f"attention backend must be 'torch', 'triton' or 'cpu', got {backend!r}")
     return backend
 
 
@@ -74,10 +83,15 @@ def paged_attention(
     Triton path needs query and caches of one dtype (fp16/bf16/fp32) and a power-of-two head_dim
     in [16, 256], and raises ValueError otherwise.
     """
-    if resolve_backend(backend, query.device) == "triton":
+    resolved = resolve_backend(backend, query.device)
+    if resolved == "triton":
         from .triton_attention import paged_attention_triton
 
         return paged_attention_triton(query, k_cache, v_cache, meta, scale)
+    # The compiled kernel is float32 only: None falls back to PyTorch for other dtypes, an
+    # explicit "cpu" raises (RuntimeError from the kernel).
+    if resolved == "cpu" and (backend == "cpu" or query.dtype == torch.float32 == k_cache.dtype):
+        return paged_attention_cpu(query, k_cache, v_cache, meta, scale)
     return paged_attention_torch(query, k_cache, v_cache, meta, scale)
 
 

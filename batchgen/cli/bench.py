@@ -16,6 +16,13 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from batchgen.data.sharegpt import load_sharegpt_prompts
+from batchgen.data.workloads import (
+    BenchRequest,
+    Workload,
+    build_workload,
+    read_requests,
+    write_requests,
+)
 from batchgen.engine.config import CacheConfig, RunnerConfig, SchedulerConfig
 from batchgen.engine.llm_engine import LLMEngine
 from batchgen.engine.sampling_params import SamplingParams
@@ -38,6 +45,7 @@ class BenchResult:
     cached_prompt_tokens: int
     num_preemptions: int
     peak_kv_blocks_used: int
+    workload: str = "sharegpt"
 
 
 def _run_mode(
@@ -51,7 +59,10 @@ def _run_mode(
     dtype: str | None,
     device: str | None,
     use_tqdm: bool,
+    cache_config: CacheConfig | None = None,
+    outputs: dict[int, tuple[int, ...]] | None = None,
 ) -> BenchResult:
+    """Run every prompt through one engine; fills `outputs` (prompt index -> generated ids)."""
     engine = LLMEngine(
         checkpoint,
         scheduler_config=SchedulerConfig(
@@ -59,21 +70,40 @@ def _run_mode(
             max_num_batched_tokens=max_num_batched_tokens,
             batching=batching,  # type: ignore[arg-type]
         ),
-        cache_config=CacheConfig(),
+        cache_config=cache_config or CacheConfig(),
         runner_config=RunnerConfig(device=device, dtype=dtype),
     )
-    for token_ids, request_params in zip(prompts, params, strict=True):
-        engine.add_request(list(token_ids), request_params)
-    bar = tqdm(total=len(prompts), desc=f"bench {batching}", unit="req", disable=not use_tqdm)
+    result = _run_engine(engine, prompts, params, outputs=outputs, use_tqdm=use_tqdm, desc=batching)
+    return _replace_mode(result, batching, "sharegpt")
+
+
+def _run_engine(
+    engine: LLMEngine,
+    prompts: Sequence[list[int]],
+    params: Sequence[SamplingParams],
+    *,
+    outputs: dict[int, tuple[int, ...]] | None,
+    use_tqdm: bool,
+    desc: str,
+) -> BenchResult:
+    """Queue every prompt, step until done; wall time covers the steps only."""
+    index = {}
+    for i, (token_ids, request_params) in enumerate(zip(prompts, params, strict=True)):
+        index[engine.add_request(list(token_ids), request_params)] = i
+    bar = tqdm(total=len(prompts), desc=f"bench {desc}", unit="req", disable=not use_tqdm)
     start = time.perf_counter()
     while engine.has_unfinished():
-        bar.update(len(engine.step()))
+        done = engine.step()
+        if outputs is not None:
+            for out in done:
+                outputs[index[out.request_id]] = out.outputs[0].token_ids
+        bar.update(len(done))
     wall = time.perf_counter() - start
     bar.close()
     stats = engine.stats()
     prompt_tokens = sum(len(p) for p in prompts)
     return BenchResult(
-        mode=batching,
+        mode=desc,
         wall_s=round(wall, 3),
         num_requests=len(prompts),
         prompt_tokens=prompt_tokens,
@@ -232,6 +262,71 @@ def run_bench(
         }
         out.write_text(json.dumps(payload, indent=2))
     return results
+
+
+def run_workload_bench(
+    *,
+    model: str | None,
+    workload: Workload,
+    num_requests: int,
+    max_tokens: int,
+    scheduler_config: SchedulerConfig,
+    cache_config: CacheConfig,
+    runner_config: RunnerConfig,
+    requests_in: Path | None = None,
+    requests_out: Path | None = None,
+    outputs_out: Path | None = None,
+    repeats: int = 1,
+    use_tqdm: bool = True,
+) -> list[BenchResult]:
+    """One of the ShareGPT workloads (see workloads.py), greedy, stop at EOS, through the
+    continuous engine with the given configuration, `repeats` times (a fresh engine each).
+
+    `requests_in` replays requests written earlier instead of building them; `requests_out`
+    writes the exact requests; `outputs_out` writes each request's generated token ids (of the
+    last repeat) as JSON lines {"request_id", "token_ids"}.
+    """
+    checkpoint = load_checkpoint(model)
+    if requests_in is not None:
+        requests = read_requests(requests_in)
+    else:
+        requests = build_workload(
+            workload, checkpoint.tokenizer, num_requests=num_requests, max_tokens=max_tokens
+        )
+    if requests_out is not None:
+        write_requests(requests_out, requests)
+    prompts = [list(r.prompt_token_ids) for r in requests]
+    params = [SamplingParams(temperature=0, max_tokens=r.max_tokens) for r in requests]
+    results: list[BenchResult] = []
+    outputs: dict[int, tuple[int, ...]] = {}
+    for _ in range(repeats):
+        engine = LLMEngine(
+            checkpoint,
+            scheduler_config=scheduler_config,
+            cache_config=cache_config,
+            runner_config=runner_config,
+        )
+        outputs.clear()
+        result = _run_engine(engine, prompts, params, outputs=outputs, use_tqdm=use_tqdm, desc=workload)
+        results.append(_replace_mode(result, "batchgen", workload))
+        del engine
+    if outputs_out is not None:
+        _write_outputs(outputs_out, requests, outputs)
+    print(format_table(results))
+    return results
+
+
+def _replace_mode(result: BenchResult, mode: str, workload: str) -> BenchResult:
+    fields = asdict(result)
+    fields.update(mode=mode, workload=workload)
+    return BenchResult(**fields)
+
+
+def _write_outputs(path: Path, requests: Sequence[BenchRequest], outputs: dict[int, tuple[int, ...]]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", encoding="utf-8") as f:
+        for i, r in enumerate(requests):
+            f.write(json.dumps({"request_id": r.request_id, "token_ids": list(outputs[i])}) + "\n")
 
 
 def format_table(results: Sequence[BenchResult]) -> str:

@@ -20,19 +20,62 @@ def _bench(args: argparse.Namespace) -> int:
 
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.workload is not None:
+        return _bench_workload(args)
     run_bench(
         model=args.model,
         num_prompts=args.num_prompts,
         max_tokens=args.max_tokens,
         modes=args.modes.split(","),
-        max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens,
+        max_num_seqs=args.max_num_seqs or 16,
+        max_num_batched_tokens=args.max_num_batched_tokens or 2048,
         dtype=args.dtype,
         device=args.device,
         out=Path(args.out) if args.out else None,
         output_lens=args.output_lens,
         use_tqdm=not args.quiet,
     )
+    return 0
+
+
+def _bench_workload(args: argparse.Namespace) -> int:
+    """`bench --workload ...`: the engine's defaults unless options override them."""
+    import json
+    from dataclasses import asdict
+
+    from batchgen.cli.bench import run_workload_bench
+    from batchgen.engine.config import CacheConfig, RunnerConfig, SchedulerConfig
+
+    defaults = SchedulerConfig()
+    sched = SchedulerConfig(
+        max_num_seqs=args.max_num_seqs or defaults.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens or defaults.max_num_batched_tokens,
+    )
+    cache = CacheConfig(
+        kv_cache_memory_bytes=int(args.kv_cache_gib * (1 << 30)) if args.kv_cache_gib else None
+    )
+    try:
+        results = run_workload_bench(
+            model=args.model,
+            workload=args.workload,
+            num_requests=args.num_prompts,
+            max_tokens=args.max_tokens,
+            scheduler_config=sched,
+            cache_config=cache,
+            runner_config=RunnerConfig(device=args.device, dtype=args.dtype),
+            requests_in=Path(args.requests_in) if args.requests_in else None,
+            requests_out=Path(args.requests_out) if args.requests_out else None,
+            outputs_out=Path(args.outputs_out) if args.outputs_out else None,
+            repeats=args.repeats,
+            use_tqdm=not args.quiet,
+        )
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.out:
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps({"results": [asdict(r) for r in results]}, indent=2))
     return 0
 
 
@@ -116,14 +159,25 @@ def build_parser() -> argparse.ArgumentParser:
         default="continuous,static",
         help="comma-separated: continuous, static, transformers (HF generate on the same weights, static batches)",
     )
-    bench.add_argument("--max-num-seqs", type=int, default=16)
+    bench.add_argument("--max-num-seqs", type=int, default=None, help="default: 16, or the engine's with --workload")
     bench.add_argument(
         "--output-lens",
         choices=["fixed", "sharegpt"],
         default="fixed",
         help="fixed: --max-tokens for every request; sharegpt: each request's recorded reply length (capped)",
     )
-    bench.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    bench.add_argument("--max-num-batched-tokens", type=int, default=None, help="default: 2048, or the engine's with --workload")
+    bench.add_argument(
+        "--workload",
+        choices=["single-turn", "multi-turn"],
+        default=None,
+        help="run a ShareGPT workload of token-id requests through the engine (its defaults) instead of --modes",
+    )
+    bench.add_argument("--requests-in", default=None, help="with --workload: replay requests from this JSON-lines file")
+    bench.add_argument("--requests-out", default=None, help="with --workload: write the exact requests here (JSON lines)")
+    bench.add_argument("--outputs-out", default=None, help="with --workload: write the generated token ids here")
+    bench.add_argument("--repeats", type=int, default=1, help="with --workload: runs, each with a fresh engine")
+    bench.add_argument("--kv-cache-gib", type=float, default=None, help="KV pool size (default: the engine's)")
     bench.add_argument("--dtype", default=None, choices=["float32", "float16", "bfloat16"])
     bench.add_argument("--device", default=None)
     bench.add_argument("--threads", type=int, default=int(os.environ.get("BATCHGEN_THREADS", "0")) or None)

@@ -11,7 +11,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["ShareGPTPrompt", "iter_sharegpt_prompts", "load_sharegpt_prompts", "write_sharegpt_shards"]
+__all__ = [
+    "ShareGPTPrompt",
+    "iter_sharegpt_conversations",
+    "iter_sharegpt_prompts",
+    "load_sharegpt_prompts",
+    "write_sharegpt_shards",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,6 +38,36 @@ def _read_text() -> str:
     with open_dataset("rb") as f:
         data: bytes = f.read()
     return data.decode("utf-8", errors="replace")
+
+
+def iter_sharegpt_conversations() -> Iterator[tuple[str, list[dict[str, str]]]]:
+    """(id, messages) of every conversation in file order, as {"role", "content"} messages.
+
+    Only conversations that alternate human, gpt, human, ... and hold text in every turn are
+    kept; "human" becomes "user" and "gpt" becomes "assistant".
+    """
+    text = _read_text()
+    decoder = json.JSONDecoder()
+    pos = text.index("[") + 1
+    roles = ("human", "gpt")
+    while True:
+        while pos < len(text) and text[pos] in " \t\r\n,":
+            pos += 1
+        if pos >= len(text) or text[pos] == "]":
+            return
+        try:
+            record, pos = decoder.raw_decode(text, pos)
+        except json.JSONDecodeError:
+            return  # the truncated tail of the packaged file
+        turns = record.get("conversations") or []
+        messages: list[dict[str, str]] = []
+        for i, turn in enumerate(turns):
+            value = turn.get("value")
+            if turn.get("from") != roles[i % 2] or not isinstance(value, str) or not value.strip():
+                break
+            messages.append({"role": "user" if i % 2 == 0 else "assistant", "content": value.strip()})
+        if messages:
+            yield str(record.get("id", "")), messages
 
 
 def iter_sharegpt_prompts(*, min_chars: int = 16, max_chars: int = 2000) -> Iterator[ShareGPTPrompt]:

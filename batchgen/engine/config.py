@@ -27,14 +27,22 @@ Batching = Literal["continuous", "static"]
 
 @dataclass(frozen=True, slots=True)
 class SchedulerConfig:
-    """Token budget per step (None: unbounded), running-set size, batching mode."""
+    """Token budget per step (None: unbounded), running-set size, batching mode.
+
+    `admission_reserve_tokens`: a waiting sequence is admitted only while the free KV blocks
+    still cover every running sequence's next this-many tokens (or up to its end, if nearer):
+    the admission watermark that keeps a small pool from thrashing. 0 admits whenever the next
+    chunk fits (and leaves running out of blocks to recompute preemption).
+    """
 
     max_num_seqs: int = 256
     max_num_batched_tokens: int | None = 2048
     batching: Batching = "continuous"
+    admission_reserve_tokens: int = 128
 
     def __post_init__(self) -> None:
         check_int("SchedulerConfig.max_num_seqs", self.max_num_seqs, minimum=1)
+        check_int("SchedulerConfig.admission_reserve_tokens", self.admission_reserve_tokens, minimum=0)
         if self.max_num_batched_tokens is not None:
             check_int("SchedulerConfig.max_num_batched_tokens", self.max_num_batched_tokens, minimum=1)
         if self.batching not in ("continuous", "static"):
@@ -76,7 +84,7 @@ class RunnerConfig:
     device: str | None = None
     dtype: str | None = None
     max_model_len: int | None = None
-    attention_backend: Literal["torch", "triton"] | None = None
+    attention_backend: Literal["torch", "triton", "cpu"] | None = None
 
     def __post_init__(self) -> None:
         if self.max_model_len is not None:
@@ -85,9 +93,10 @@ class RunnerConfig:
             raise ValueError(
                 f"RunnerConfig.dtype must be float32, float16 or bfloat16, got {self.dtype!r}"
             )
-        if self.attention_backend not in (None, "torch", "triton"):
+        if self.attention_backend not in (None, "torch", "triton", "cpu"):
             raise ValueError(
-                f"RunnerConfig.attention_backend must be 'torch' or 'triton', got {self.attention_backend!r}"
+                "RunnerConfig.attention_backend must be 'torch', 'triton' or 'cpu', "
+                f"got {self.attention_backend!r}"
             )
 
 

@@ -7,6 +7,7 @@ manager, the runner and the sampler together. Counters for `stats()` live here.
 from __future__ import annotations
 
 import itertools
+import os
 from dataclasses import dataclass
 
 import torch
@@ -29,7 +30,21 @@ from batchgen.radix import KVCacheManager
 __all__ = ["EngineStats", "LLMEngine"]
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-_DEFAULT_CPU_KV_BYTES = 1 << 30
+# CPU KV pool when no size is given: a share of the memory free at start, capped (vLLM-CPU
+# asks for VLLM_CPU_KVCACHE_SPACE GiB instead). The pool's pages are committed only as blocks
+# are first written (torch.zeros maps fresh zero pages), so an unused part costs little.
+_CPU_KV_SHARE_OF_FREE = 0.25
+_CPU_KV_CAP_BYTES = 4 << 30
+_CPU_KV_MIN_BYTES = 256 << 20
+
+
+def default_cpu_kv_bytes() -> int:
+    """KV pool bytes for a CPU engine: 25% of free physical memory, within [256 MiB, 4 GiB]."""
+    try:
+        free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        free = 4 * _CPU_KV_CAP_BYTES
+    return max(_CPU_KV_MIN_BYTES, min(_CPU_KV_CAP_BYTES, int(free * _CPU_KV_SHARE_OF_FREE)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,7 +172,7 @@ class LLMEngine:
             )
         else:
             block_bytes = ModelRunner.kv_bytes_per_block(model, cache.block_size)
-            budget = cache.kv_cache_memory_bytes or _DEFAULT_CPU_KV_BYTES
+            budget = cache.kv_cache_memory_bytes or default_cpu_kv_bytes()
             num_blocks = budget // block_bytes
             if cache.kv_cache_memory_bytes is None:
                 num_blocks = min(num_blocks, sched.max_num_seqs * per_seq)

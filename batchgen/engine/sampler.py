@@ -34,44 +34,69 @@ class SampleResult:
     logprobs: list[dict[int, float] | None]
 
 
-def _filtered_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    x = logits / params.temperature
-    if params.top_k > 0 and params.top_k < x.shape[-1]:
-        kth = torch.topk(x, params.top_k).values[-1]
+def _filtered_probs(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
+    """Probabilities [rows, vocab] after temperature, top-k, min-p and top-p, one params per row.
+
+    Row-wise ops over the whole batch; the arithmetic of each row is that of a lone row.
+    """
+    dev = logits.device
+    temps = torch.tensor([p.temperature for p in params], dtype=logits.dtype, device=dev)
+    x = logits / temps[:, None]
+    vocab = x.shape[-1]
+    top_k = [p.top_k if 0 < p.top_k < vocab else 0 for p in params]
+    if any(top_k):
+        k = torch.tensor([k or vocab for k in top_k], device=dev)
+        # the k-th largest value of each row (k = vocab: the minimum, so nothing is masked)
+        kth = torch.sort(x, dim=-1, descending=True).values.gather(1, (k - 1)[:, None])
         x = x.masked_fill(x < kth, float("-inf"))
     probs = torch.softmax(x, dim=-1)
-    if params.min_p > 0:
-        probs = probs.masked_fill(probs < params.min_p * probs.max(), 0.0)
-    if params.top_p < 1:
-        sorted_probs, order = torch.sort(probs, descending=True)
-        cum = torch.cumsum(sorted_probs, dim=-1) / sorted_probs.sum()
+    if any(p.min_p > 0 for p in params):
+        min_p = torch.tensor([p.min_p for p in params], dtype=probs.dtype, device=dev)
+        probs = probs.masked_fill(probs < min_p[:, None] * probs.max(dim=-1, keepdim=True).values, 0.0)
+    if any(p.top_p < 1 for p in params):
+        top_p = torch.tensor([p.top_p for p in params], dtype=probs.dtype, device=dev)
+        sorted_probs, order = torch.sort(probs, dim=-1, descending=True)
+        total = sorted_probs.sum(dim=-1, keepdim=True)
+        cum = torch.cumsum(sorted_probs, dim=-1) / total
         # Drop a token when the tokens ranked above it already reach top_p; the top one stays.
-        drop = (cum - sorted_probs / sorted_probs.sum()) >= params.top_p
-        probs = probs.scatter(0, order[drop], 0.0)
+        drop = ((cum - sorted_probs / total) >= top_p[:, None]) & (top_p < 1)[:, None]
+        probs = probs.scatter(1, order, sorted_probs.masked_fill(drop, 0.0))
     return probs
 
 
-def _draw(probs: torch.Tensor, seed: int) -> int:
+def _draw(probs: torch.Tensor, seeds: Sequence[int]) -> list[int]:
+    """One token per row. Each row's noise comes from its own generator, seeded per row, so a
+    row's draw does not depend on the other rows of the batch."""
+    noise = torch.empty_like(probs)
     gen = torch.Generator(device=probs.device)
-    gen.manual_seed(seed)
+    for i, seed in enumerate(seeds):
+        gen.manual_seed(seed)
+        noise[i].exponential_(generator=gen)
     # Exponential race: argmax p_i / E_i with E_i ~ Exp(1) picks i with probability p_i.
-    noise = torch.empty_like(probs).exponential_(generator=gen)
-    return int(torch.argmax(probs / noise).item())
+    return [int(t) for t in torch.argmax(probs / noise, dim=-1).tolist()]
 
 
 def sample(logits: torch.Tensor, requests: Sequence[SampleRequest]) -> SampleResult:
-    """One token per request (several requests may share a row: the samples of one prompt)."""
+    """One token per request (several requests may share a row: the samples of one prompt).
+
+    Greedy requests: one argmax over their rows. Sampled ones: filtered and drawn as one batch.
+    """
     tokens = [0] * len(requests)
     greedy = [i for i, r in enumerate(requests) if r.params.is_greedy]
-    if greedy:
+    if len(greedy) == len(requests) and [r.row for r in requests] == list(range(logits.shape[0])):
+        tokens = [int(t) for t in torch.argmax(logits, dim=-1).tolist()]  # the usual case: no gather
+    elif greedy:
         rows = torch.tensor([requests[i].row for i in greedy], device=logits.device)
         picked = torch.argmax(logits.index_select(0, rows), dim=-1).tolist()
         for i, token in zip(greedy, picked, strict=True):
             tokens[i] = int(token)
-    for i, req in enumerate(requests):
-        if not req.params.is_greedy:
-            probs = _filtered_probs(logits[req.row], req.params)
-            tokens[i] = _draw(probs, derive_seed(req.seed, req.token_idx))
+    sampled = [i for i, r in enumerate(requests) if not r.params.is_greedy]
+    if sampled:
+        rows = torch.tensor([requests[i].row for i in sampled], device=logits.device)
+        probs = _filtered_probs(logits.index_select(0, rows), [requests[i].params for i in sampled])
+        drawn = _draw(probs, [derive_seed(requests[i].seed, requests[i].token_idx) for i in sampled])
+        for i, token in zip(sampled, drawn, strict=True):
+            tokens[i] = token
     logprobs: list[dict[int, float] | None] = [None] * len(requests)
     want = [i for i, r in enumerate(requests) if r.params.logprobs is not None]
     if want:

@@ -152,8 +152,31 @@ class Scheduler:
             return not self._running  # a static batch runs to completion before the next
         return True
 
+    def _blocks_ahead(self, seq: Sequence, num_allocated_tokens: int) -> int:
+        """Blocks `seq` still needs beyond the `num_allocated_tokens` its table covers, to finish
+        its prompt and grow `admission_reserve_tokens` past it (or to its end, if nearer)."""
+        end = min(
+            seq.num_prompt_tokens + seq.params.max_tokens,
+            self._max_model_len,
+            seq.num_tokens + self._config.admission_reserve_tokens,
+        )
+        ahead: int = self._kv.num_blocks_needed(end) - self._kv.num_blocks_needed(num_allocated_tokens)
+        return max(0, ahead)
+
     def _admit(self, planned: dict[int, int], remaining: int) -> int:
         static = self._config.batching == "static"
+        watermark = not static and self._config.admission_reserve_tokens > 0
+        # Watermark: a sequence is admitted only if the blocks left free afterwards still cover
+        # the near-term growth of every running sequence and of itself. Admitting past that
+        # point fills the pool with prompts whose decodes then preempt each other (recompute
+        # thrash) when the pool is small.
+        #
+        #   pool:  | held by running | reserved: their next blocks | free for admission |
+        reserve = 0
+        if watermark:
+            reserve = sum(
+                self._blocks_ahead(s, s.num_computed_tokens + planned.get(s.seq_id, 0)) for s in self._running
+            )
         while self._waiting and len(self._running) < self._config.max_num_seqs:
             if remaining == 0 and not static:
                 break
@@ -162,8 +185,14 @@ class Scheduler:
             # give the logits of the next token.
             hit = self._kv.match_prefix(seq.token_ids[: seq.num_tokens - 1])
             num_new = min(seq.num_tokens - hit.num_tokens, remaining)
+            own = self._blocks_ahead(seq, hit.num_tokens + num_new) if watermark else 0
+            if self._running and watermark:
+                needed = self._kv.num_blocks_needed(hit.num_tokens + num_new) - len(hit.block_ids)
+                if self._kv.num_free_blocks - needed < reserve + own:
+                    break
             if not self._kv.allocate(seq.seq_id, hit.num_tokens + num_new, hit):
                 break
+            reserve += own
             self._waiting.popleft()
             self._start(seq, hit)
             if num_new > 0:

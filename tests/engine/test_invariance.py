@@ -50,10 +50,16 @@ def test_same_outputs_across_cache_chunking_and_preemption(folder: Path) -> None
         assert outs == baseline, f"max_num_batched_tokens={budget}, no prefix cache"
 
     # A pool of 16 blocks of 4 tokens (one max_model_len sequence) for 8 sequences of up to 57.
-    outs, stats = run(folder, block_size=4, num_kv_blocks=16, max_model_len=64, max_num_batched_tokens=16)
+    outs, stats = run(
+        folder, block_size=4, num_kv_blocks=16, max_model_len=64, max_num_batched_tokens=16, admission_reserve_tokens=0
+    )
     assert stats["num_preemptions"] >= 10
     assert outs == baseline
     assert stats["peak_kv_blocks_used"] <= 16
+    # The same pool with the admission watermark (the default): fewer preemptions, same outputs.
+    outs, watermarked = run(folder, block_size=4, num_kv_blocks=16, max_model_len=64, max_num_batched_tokens=16)
+    assert watermarked["num_preemptions"] < stats["num_preemptions"]
+    assert outs == baseline
 
 
 def test_static_batching_gives_the_same_outputs(folder: Path) -> None:

@@ -39,9 +39,11 @@ def make_seq(seq_id: int, prompt: list[int], max_tokens: int, *, n: int = 1, sam
 
 
 def make(num_blocks: int = 10, block_size: int = 4, budget: int | None = 8, max_seqs: int = 4,
-         batching: str = "continuous", caching: bool = True) -> tuple[Scheduler, KVCacheManager]:
+         batching: str = "continuous", caching: bool = True,
+         reserve: int = 128) -> tuple[Scheduler, KVCacheManager]:
     kv = KVCacheManager(num_blocks, block_size, enable_prefix_caching=caching)
-    config = SchedulerConfig(max_num_seqs=max_seqs, max_num_batched_tokens=budget, batching=batching)  # type: ignore[arg-type]
+    config = SchedulerConfig(max_num_seqs=max_seqs, max_num_batched_tokens=budget, batching=batching,  # type: ignore[arg-type]
+                             admission_reserve_tokens=reserve)
     return Scheduler(config, kv, max_model_len=1000, eos_token_ids=[EOS]), kv
 
 
@@ -151,7 +153,7 @@ def test_admission_waits_for_free_blocks() -> None:
 
 
 def test_preemption_newest_first_and_outputs_unchanged() -> None:
-    sched, kv = make(num_blocks=5, budget=None, caching=True)
+    sched, kv = make(num_blocks=5, budget=None, caching=True, reserve=0)  # no watermark
     prompts = [[1, 2, 3, 4, 5, 6], [7, 8, 9, 10, 11, 12]]
     seqs = [make_seq(i, p, max_tokens=8) for i, p in enumerate(prompts)]
     for s in seqs:
@@ -165,6 +167,39 @@ def test_preemption_newest_first_and_outputs_unchanged() -> None:
     for s, p in zip(seqs, prompts, strict=True):
         assert s.token_ids == reference(p, 8)
     assert kv.num_used_blocks == 0
+
+
+def test_watermark_admits_fewer_instead_of_preempting() -> None:
+    """Same pool and prompts as above: with the watermark the second sequence waits for room
+    instead of being admitted and preempted; outputs are the same."""
+    sched, kv = make(num_blocks=5, budget=None, caching=True, reserve=128)
+    prompts = [[1, 2, 3, 4, 5, 6], [7, 8, 9, 10, 11, 12]]
+    seqs = [make_seq(i, p, max_tokens=8) for i, p in enumerate(prompts)]
+    for s in seqs:
+        sched.add(s)
+    plan = step(sched, kv)
+    # seq 0 holds 2 blocks and will need 2 more (6 + 8 tokens): 1 free block is too few for
+    # seq 1's 2 prompt blocks plus those reserves
+    assert [c.seq_id for c in plan.chunks] == [0]
+    assert seqs[1].status is SequenceStatus.WAITING
+    for _ in range(200):
+        if not sched.has_unfinished():
+            break
+        step(sched, kv)
+    assert sched.stats().num_preemptions == 0
+    for s, p in zip(seqs, prompts, strict=True):
+        assert s.token_ids == reference(p, 8)
+    assert kv.num_used_blocks == 0
+
+
+def test_watermark_covers_only_the_next_tokens() -> None:
+    """A reserve of 4 tokens (one block) lets both run at once in a pool that fits both prompts
+    plus one block each."""
+    sched, kv = make(num_blocks=6, budget=None, caching=False, reserve=4)
+    for i, p in enumerate([[1, 2, 3, 4, 5, 6], [7, 8, 9, 10, 11, 12]]):
+        sched.add(make_seq(i, p, max_tokens=8))
+    plan = step(sched, kv)
+    assert [c.seq_id for c in plan.chunks] == [0, 1]
 
 
 def test_static_batching_waits_for_whole_batch() -> None:

@@ -1,0 +1,95 @@
+"""Profile decode steps at full batch on a workload: where a step's time goes.
+
+usage: PYTHONPATH=. python jobs/bench/profile_step.py [--workload multi-turn] [--steps 3] [--backend torch]
+
+Queues the workload's requests (64 by default) into an engine with default settings, steps
+until every sequence is decoding, then runs `--steps` decode steps under torch.profiler and
+prints milliseconds per step by category (GEMMs, attention, KV writes, norms/RoPE/other ops,
+sampler, host work = step wall time minus the time inside torch ops).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections import defaultdict
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from batchgen.data.workloads import build_workload
+from batchgen.engine.config import CacheConfig, RunnerConfig, SchedulerConfig
+from batchgen.engine.llm_engine import LLMEngine
+from batchgen.engine.sampling_params import SamplingParams
+from batchgen.models.checkpoint import load_checkpoint
+
+_CATEGORIES = (
+    ("gemm", ("aten::addmm", "aten::mm", "aten::linear", "aten::matmul", "aten::bmm")),
+    ("attention", ("batchgen::", "aten::scaled_dot_product", "aten::_scaled_dot", "aten::index", "aten::index_select", "attn")),
+    ("kv_write", ("aten::index_copy",)),
+    ("sampler", ("aten::argmax", "aten::topk", "aten::softmax", "aten::exponential")),
+)
+
+
+def _category(name: str) -> str:
+    for cat, prefixes in _CATEGORIES:
+        if any(name.startswith(p) or p in name for p in prefixes):
+            return cat
+    return "other_ops"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--workload", default="multi-turn")
+    parser.add_argument("--num-requests", type=int, default=64)
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--backend", default=None, help="attention backend: torch (the reference path), cpu; default: the engine's")
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    checkpoint = load_checkpoint(None)
+    requests = build_workload(args.workload, checkpoint.tokenizer, num_requests=args.num_requests, max_tokens=128)
+    engine = LLMEngine(
+        checkpoint, scheduler_config=SchedulerConfig(), cache_config=CacheConfig(), runner_config=RunnerConfig(attention_backend=args.backend)
+    )
+    for r in requests:
+        engine.add_request(list(r.prompt_token_ids), SamplingParams(temperature=0, max_tokens=r.max_tokens, ignore_eos=True))
+    start = time.perf_counter()
+    num_prefill_steps = 0
+    while True:
+        before = engine.stats().generation_tokens
+        engine.step()
+        num_prefill_steps += 1
+        # every queued sequence is running and each drew a token: the all-decode regime
+        if engine.scheduler.num_waiting == 0 and engine.stats().generation_tokens - before == len(requests):
+            break
+    prefill_s = time.perf_counter() - start
+    print(f"{num_prefill_steps} steps to reach all-decode in {prefill_s:.1f} s; stats {engine.stats()}")
+    engine.step()  # warm
+    walls = []
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(args.steps):
+            t = time.perf_counter()
+            engine.step()
+            walls.append(time.perf_counter() - t)
+    per_cat: dict[str, float] = defaultdict(float)
+    for evt in prof.key_averages():
+        # self time only, so nested ops are not counted twice
+        per_cat[_category(evt.key)] += evt.self_cpu_time_total / 1e3 / args.steps
+    wall_ms = sum(walls) / len(walls) * 1e3
+    ops_ms = sum(per_cat.values())
+    ctx = sum(len(r.prompt_token_ids) for r in requests) + engine.stats().generation_tokens
+    print(f"workload {args.workload}: batch {engine.scheduler.num_running}, context tokens {ctx}, "
+          f"threads {torch.get_num_threads()}, step wall {wall_ms:.1f} ms")
+    for cat in ("gemm", "attention", "kv_write", "sampler", "other_ops"):
+        print(f"  {cat:<10}{per_cat[cat]:>9.1f} ms  {per_cat[cat] / wall_ms:6.1%}")
+    host = wall_ms - ops_ms
+    print(f"  {'host':<10}{host:>9.1f} ms  {host / wall_ms:6.1%}   (step wall minus time in torch ops)")
+    gflop = 2 * 134.5e6 * engine.scheduler.num_running / 1e9
+    print(f"  GEMM rate {gflop / (per_cat['gemm'] / 1e3):.0f} GFLOP/s ({gflop:.1f} GFLOP per step)")
+    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=12))
+
+
+if __name__ == "__main__":
+    main()

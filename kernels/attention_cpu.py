@@ -1,0 +1,93 @@
+"""Compiled CPU paged attention (float32): a C++ extension built once by torch's extension tools.
+
+`cpu_attention.cpp` reads K/V in place from the block pool with an online softmax, parallel
+over (sequence, KV head, query tile) on torch's own OpenMP threads; see the comments there.
+The first call compiles it with the system C++ compiler (about half a minute) into torch's
+extension cache (`TORCH_EXTENSIONS_DIR`, default ~/.cache/torch_extensions); later processes
+load the cached library in well under a second. The build is for this machine's CPU
+(-march=native); the cache key includes the source, the flags and the CPU's feature flags.
+
+`attention_torch.py` stays the reference the kernel is tested against, and the fallback when
+no compiler is present (`is_cpu_kernel_available`). Imports torch only.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import platform
+import shutil
+from pathlib import Path
+from types import ModuleType
+
+import torch
+
+from .metadata import AttentionMetadata
+
+__all__ = ["is_cpu_kernel_available", "load_cpu_kernel", "paged_attention_cpu"]
+
+_SOURCE = Path(__file__).with_name("cpu_attention.cpp")
+_CFLAGS = ("-O3", "-march=native", "-fopenmp", "-fno-math-errno")
+
+
+def _cpu_flags() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return line
+    except OSError:
+        pass
+    return platform.processor()
+
+
+@functools.cache
+def load_cpu_kernel() -> ModuleType:
+    """The compiled extension (built on first use, then loaded from torch's cache).
+
+    Raises RuntimeError (from torch's builder) when there is no working C++ compiler.
+    """
+    from torch.utils.cpp_extension import load
+
+    key = hashlib.sha256(
+        _SOURCE.read_bytes() + " ".join(_CFLAGS).encode() + _cpu_flags().encode() + torch.__version__.encode()
+    ).hexdigest()[:12]
+    module: ModuleType = load(
+        name=f"batchgen_cpu_attention_{key}",
+        sources=[str(_SOURCE)],
+        extra_cflags=list(_CFLAGS),
+        extra_ldflags=["-fopenmp"],
+        verbose=False,
+    )
+    return module
+
+
+@functools.cache
+def is_cpu_kernel_available() -> bool:
+    """True when a C++ compiler and ninja are present and the extension builds or loads."""
+    if shutil.which(os.environ.get("CXX", "c++")) is None:
+        return False
+    try:
+        load_cpu_kernel()
+    except (RuntimeError, OSError, ImportError):
+        return False
+    return True
+
+
+def paged_attention_cpu(
+    query: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+) -> torch.Tensor:
+    """Attention of every query token over its sequence's cached K/V (float32, CPU).
+
+    query: [num_tokens, num_heads, head_dim]; returns a new tensor of that shape. Reads the
+    caches only. Raises RuntimeError for other dtypes or non-contiguous caches.
+    """
+    kernel = load_cpu_kernel()
+    out: torch.Tensor = kernel.paged_attention(
+        query.contiguous(), k_cache, v_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc, scale
+    )
+    return out

@@ -1,0 +1,271 @@
+// Paged attention on the CPU, reading K/V in place from the block pool (float32).
+//
+// One work item = (sequence, KV head, tile of up to kTileQ query tokens). Its query rows are
+// the tile's tokens times the q heads of the KV head's group (grouped-query attention shares
+// each K/V load across the group). K/V blocks are visited one at a time through the block
+// table with an online softmax, so nothing is gathered or padded:
+//
+//   seq s:  | context (cached) ............ | chunk (q_len tokens) |
+//   query token i sits at position seq_len - q_len + i and sees keys 0 .. that position.
+//
+// Items run on torch's intra-op thread pool (at::parallel_for), so they share its threads with
+// the GEMMs; each thread pulls the next item from an atomic counter, largest items first, since
+// sequence lengths differ widely within a batch.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#endif
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+namespace {
+
+constexpr int64_t kTileQ = 16;
+
+struct Item {
+  int64_t seq;
+  int64_t kv_head;
+  int64_t q_begin;  // first query token of the tile, relative to the sequence's chunk
+  int64_t q_end;
+  int64_t cost;
+};
+
+inline float dot(const float* __restrict a, const float* __restrict b, int64_t n) {
+  float acc = 0.f;
+#pragma omp simd reduction(+ : acc)
+  for (int64_t d = 0; d < n; ++d) acc += a[d] * b[d];
+  return acc;
+}
+
+#if defined(__AVX2__) && defined(__FMA__)
+// exp for x <= 0 (softmax after subtracting the running max): 2^(x log2 e) as 2^n times a
+// degree-6 polynomial on [-ln2/2, ln2/2]; relative error about 2e-7. x below -87 gives 0.
+inline __m256 exp_neg(__m256 x) {
+  const __m256 lo = _mm256_set1_ps(-87.0f);
+  const __m256 is_tiny = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
+  x = _mm256_max_ps(x, lo);
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  const __m256 y = _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+  return _mm256_andnot_ps(is_tiny, y);
+}
+
+// Sums of each of 8 vectors, as one vector: out[i] = sum of a[i]'s 8 lanes.
+inline __m256 hsum8(const __m256* a) {
+  const __m256 t0 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
+  const __m256 t1 = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));
+  return _mm256_add_ps(_mm256_permute2f128_ps(t0, t1, 0x20), _mm256_permute2f128_ps(t0, t1, 0x31));
+}
+#endif
+
+// s[j] = scale * q . k_j for the first n tokens of a block (k_j = kb + j * stride).
+inline void block_scores(const float* qr, const float* kb, int64_t stride, int64_t n, int64_t head_dim,
+                         float scale, float* s) {
+  int64_t j = 0;
+#if defined(__AVX2__) && defined(__FMA__)
+  if (head_dim % 8 == 0) {
+    // 8 tokens at a time: 8 independent FMA chains, then one transpose-and-add.
+    for (; j + 8 <= n; j += 8) {
+      __m256 acc[8];
+      for (int t = 0; t < 8; ++t) acc[t] = _mm256_setzero_ps();
+      for (int64_t d = 0; d < head_dim; d += 8) {
+        const __m256 qv = _mm256_loadu_ps(qr + d);
+        for (int t = 0; t < 8; ++t) acc[t] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kb + (j + t) * stride + d), acc[t]);
+      }
+      _mm256_storeu_ps(s + j, _mm256_mul_ps(hsum8(acc), _mm256_set1_ps(scale)));
+    }
+  }
+#endif
+  for (; j < n; ++j) s[j] = dot(qr, kb + j * stride, head_dim) * scale;
+}
+
+// s[j] = exp(s[j] - m) for j < n; returns their sum.
+inline float block_exp(float* s, int64_t n, float m) {
+  int64_t j = 0;
+  float sum = 0.f;
+#if defined(__AVX2__) && defined(__FMA__)
+  __m256 vsum = _mm256_setzero_ps();
+  const __m256 vm = _mm256_set1_ps(m);
+  for (; j + 8 <= n; j += 8) {
+    const __m256 e = exp_neg(_mm256_sub_ps(_mm256_loadu_ps(s + j), vm));
+    _mm256_storeu_ps(s + j, e);
+    vsum = _mm256_add_ps(vsum, e);
+  }
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, vsum);
+  for (float x : lanes) sum += x;
+#endif
+  for (; j < n; ++j) {
+    s[j] = std::exp(s[j] - m);
+    sum += s[j];
+  }
+  return sum;
+}
+
+// a = a * alpha + sum_j p[j] * v_j over the first n tokens of a block.
+inline void block_pv(float* a, float alpha, const float* p, const float* vb, int64_t stride, int64_t n,
+                     int64_t head_dim) {
+#if defined(__AVX2__) && defined(__FMA__)
+  if (head_dim % 8 == 0) {
+    const __m256 va = _mm256_set1_ps(alpha);
+    for (int64_t d0 = 0; d0 < head_dim; d0 += 64) {  // 8 accumulators (64 floats) per pass
+      const int64_t num = std::min<int64_t>(8, (head_dim - d0) / 8);
+      __m256 acc[8];
+      for (int64_t c = 0; c < num; ++c) acc[c] = _mm256_mul_ps(_mm256_loadu_ps(a + d0 + 8 * c), va);
+      for (int64_t j = 0; j < n; ++j) {
+        const __m256 pj = _mm256_set1_ps(p[j]);
+        const float* vr = vb + j * stride + d0;
+        for (int64_t c = 0; c < num; ++c) acc[c] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vr + 8 * c), acc[c]);
+      }
+      for (int64_t c = 0; c < num; ++c) _mm256_storeu_ps(a + d0 + 8 * c, acc[c]);
+    }
+    return;
+  }
+#endif
+#pragma omp simd
+  for (int64_t d = 0; d < head_dim; ++d) a[d] *= alpha;
+  for (int64_t j = 0; j < n; ++j) {
+    const float pj = p[j];
+    const float* vr = vb + j * stride;
+#pragma omp simd
+    for (int64_t d = 0; d < head_dim; ++d) a[d] += pj * vr[d];
+  }
+}
+
+void run_item(const Item& it, const float* q, float* out, const float* k_cache, const float* v_cache,
+              const int32_t* block_table, int64_t seq_len, int64_t q_len, int64_t q_start,
+              int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t block_size,
+              float scale, std::vector<float>& scratch) {
+  const int64_t group = num_heads / num_kv_heads;
+  const int64_t tile = it.q_end - it.q_begin;
+  const int64_t rows = tile * group;
+  const int64_t context = seq_len - q_len;
+  scratch.assign(rows * head_dim + rows * block_size + rows * 2, 0.f);
+  float* acc = scratch.data();                    // [rows, head_dim]
+  float* scores = acc + rows * head_dim;          // [rows, block_size]
+  float* m = scores + rows * block_size;          // running max per row
+  float* l = m + rows;                            // running sum per row
+  for (int64_t r = 0; r < rows; ++r) m[r] = -std::numeric_limits<float>::infinity();
+  // Query row r = (token t = r / group, head h = kv_head * group + r % group).
+  auto q_row = [&](int64_t r) {
+    const int64_t t = it.q_begin + r / group;
+    const int64_t h = it.kv_head * group + r % group;
+    return q + ((q_start + t) * num_heads + h) * head_dim;
+  };
+  const int64_t last_pos = context + it.q_end - 1;  // highest key position any row sees
+  const int64_t num_blocks = last_pos / block_size + 1;
+  const int64_t token_stride = num_kv_heads * head_dim;
+  for (int64_t b = 0; b < num_blocks; ++b) {
+    const int64_t block_id = block_table[b];
+    const int64_t base = b * block_size;
+    const int64_t n = std::min(block_size, last_pos + 1 - base);
+    const float* kb = k_cache + (block_id * block_size * num_kv_heads + it.kv_head) * head_dim;
+    const float* vb = v_cache + (block_id * block_size * num_kv_heads + it.kv_head) * head_dim;
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* qr = q_row(r);
+      const int64_t pos = context + it.q_begin + r / group;
+      const int64_t visible = std::min(n, pos + 1 - base);  // causal limit inside this block
+      float* s = scores + r * block_size;
+      if (visible <= 0) continue;
+      block_scores(qr, kb, token_stride, visible, head_dim, scale, s);
+      float block_max = -std::numeric_limits<float>::infinity();
+      for (int64_t j = 0; j < visible; ++j) block_max = std::max(block_max, s[j]);
+      const float m_new = std::max(m[r], block_max);
+      const float alpha = std::exp(m[r] - m_new);
+      l[r] = l[r] * alpha + block_exp(s, visible, m_new);
+      m[r] = m_new;
+      block_pv(acc + r * head_dim, alpha, s, vb, token_stride, visible, head_dim);
+    }
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t t = it.q_begin + r / group;
+    const int64_t h = it.kv_head * group + r % group;
+    float* o = out + ((q_start + t) * num_heads + h) * head_dim;
+    const float inv = l[r] > 0.f ? 1.f / l[r] : 0.f;
+    const float* a = acc + r * head_dim;
+#pragma omp simd
+    for (int64_t d = 0; d < head_dim; ++d) o[d] = a[d] * inv;
+  }
+}
+
+}  // namespace
+
+// query [T, H, D], caches [num_blocks, block_size, KVH, D] (float32, contiguous),
+// block_tables int32 [S, max_blocks], seq_lens int32 [S], query_start_loc int32 [S + 1].
+torch::Tensor paged_attention(torch::Tensor query, torch::Tensor k_cache, torch::Tensor v_cache,
+                              torch::Tensor block_tables, torch::Tensor seq_lens,
+                              torch::Tensor query_start_loc, double scale) {
+  TORCH_CHECK(query.scalar_type() == torch::kFloat32 && k_cache.scalar_type() == torch::kFloat32 &&
+                  v_cache.scalar_type() == torch::kFloat32,
+              "cpu paged attention takes float32");
+  TORCH_CHECK(query.is_contiguous() && k_cache.is_contiguous() && v_cache.is_contiguous() &&
+                  block_tables.is_contiguous(),
+              "cpu paged attention takes contiguous tensors");
+  TORCH_CHECK(block_tables.scalar_type() == torch::kInt32 && seq_lens.scalar_type() == torch::kInt32 &&
+                  query_start_loc.scalar_type() == torch::kInt32,
+              "metadata must be int32");
+  const int64_t num_heads = query.size(1), head_dim = query.size(2);
+  const int64_t block_size = k_cache.size(1), num_kv_heads = k_cache.size(2);
+  TORCH_CHECK(num_heads % num_kv_heads == 0, "num_heads must be a multiple of num_kv_heads");
+  const int64_t num_seqs = seq_lens.size(0);
+  const int64_t max_blocks = block_tables.size(1);
+  const int32_t* lens = seq_lens.data_ptr<int32_t>();
+  const int32_t* starts = query_start_loc.data_ptr<int32_t>();
+  std::vector<Item> items;
+  items.reserve(num_seqs * num_kv_heads);
+  for (int64_t s = 0; s < num_seqs; ++s) {
+    const int64_t q_len = starts[s + 1] - starts[s];
+    const int64_t context = lens[s] - q_len;
+    TORCH_CHECK((lens[s] + block_size - 1) / block_size <= max_blocks, "block table too short");
+    for (int64_t t0 = 0; t0 < q_len; t0 += kTileQ) {
+      const int64_t t1 = std::min(q_len, t0 + kTileQ);
+      for (int64_t h = 0; h < num_kv_heads; ++h) {
+        items.push_back({s, h, t0, t1, (t1 - t0) * (context + t1)});
+      }
+    }
+  }
+  std::stable_sort(items.begin(), items.end(),
+                   [](const Item& a, const Item& b) { return a.cost > b.cost; });
+  auto out = torch::empty_like(query);
+  const float* q = query.data_ptr<float>();
+  float* o = out.data_ptr<float>();
+  const float* kc = k_cache.data_ptr<float>();
+  const float* vc = v_cache.data_ptr<float>();
+  const int32_t* tables = block_tables.data_ptr<int32_t>();
+  std::atomic<int64_t> next{0};
+  const int64_t num_items = static_cast<int64_t>(items.size());
+  const int64_t num_workers = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), num_items));
+  at::parallel_for(0, num_workers, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> scratch;
+    for (int64_t w = begin; w < end; ++w) {
+      for (int64_t i = next.fetch_add(1); i < num_items; i = next.fetch_add(1)) {
+        const Item& it = items[i];
+        const int64_t s = it.seq;
+        run_item(it, q, o, kc, vc, tables + s * max_blocks, lens[s], starts[s + 1] - starts[s], starts[s],
+                 num_heads, num_kv_heads, head_dim, block_size, static_cast<float>(scale), scratch);
+      }
+    }
+  });
+  return out;
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("paged_attention", &paged_attention, "paged attention over the KV block pool (float32, CPU)");
+}

@@ -1,0 +1,75 @@
+"""The compiled CPU paged-attention kernel against the PyTorch reference path.
+
+The first test in a fresh environment builds the extension (tens of seconds, then cached).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from batchgen.kernels import paged_attention
+from batchgen.kernels.attention_cpu import is_cpu_kernel_available
+
+from .attention_cases import make_batch, max_error, naive_attention
+
+pytestmark = pytest.mark.skipif(not is_cpu_kernel_available(), reason="no C++ compiler for the CPU kernel")
+
+# (query_lens, context_lens): decode at len 1, at a block multiple, with a partial last block;
+# prefill chunks over a prefix ending mid-block or on a boundary; plain prefill; a chunk longer
+# than one query tile (16) over a long prefix.
+CASES = {
+    "mixed": ((1, 1, 1, 5, 16, 20), (0, 31, 36, 19, 16, 0)),
+    "decode_only": ((1, 1, 1, 1, 1), (0, 15, 16, 70, 130)),
+    "prefill_only": ((3, 17, 32), (0, 5, 0)),
+    "long_chunk_over_prefix": ((40, 1), (57, 90)),
+}
+HEADS = [(4, 4), (8, 2), (9, 3)]
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize(("num_heads", "num_kv_heads"), HEADS)
+@pytest.mark.parametrize(("head_dim", "block_size"), [(32, 16), (64, 16), (64, 8)])
+def test_cpu_kernel_matches_reference(
+    case: str, num_heads: int, num_kv_heads: int, head_dim: int, block_size: int
+) -> None:
+    query_lens, context_lens = CASES[case]
+    batch = make_batch(
+        query_lens,
+        context_lens,
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        block_size=block_size,
+        device=torch.device("cpu"),
+    )
+    args = (batch.query, batch.k_cache, batch.v_cache, batch.meta, batch.scale)
+    out = paged_attention(*args, backend="cpu")
+    ref = paged_attention(*args, backend="torch")
+    assert out.shape == ref.shape and out.dtype == torch.float32
+    assert max_error(out, ref) < 2e-5
+    assert max_error(out, naive_attention(batch)) < 2e-5
+
+
+def test_cpu_kernel_with_two_threads_matches() -> None:
+    """Items run on torch's thread pool; the result must not depend on the thread count."""
+    batch = make_batch(
+        (1,) * 12 + (24,), (33, 0, 5, 80, 15, 16, 17, 1, 2, 63, 64, 65, 40),
+        num_heads=9, num_kv_heads=3, head_dim=64, device=torch.device("cpu"),
+    )  # fmt: skip
+    args = (batch.query, batch.k_cache, batch.v_cache, batch.meta, batch.scale)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        two = paged_attention(*args, backend="cpu")
+    finally:
+        torch.set_num_threads(before)
+    one = paged_attention(*args, backend="cpu")
+    assert torch.equal(one, two)
+
+
+def test_cpu_kernel_rejects_other_dtypes() -> None:
+    batch = make_batch((1,), (5,), num_heads=4, num_kv_heads=2, head_dim=32, dtype=torch.bfloat16,
+                       device=torch.device("cpu"))  # fmt: skip
+    with pytest.raises(RuntimeError, match="float32"):
+        paged_attention(batch.query, batch.k_cache, batch.v_cache, batch.meta, batch.scale, backend="cpu")
