@@ -133,8 +133,15 @@ class Scheduler:
             else:
                 planned[seq.seq_id] = num_new
                 remaining -= num_new
-                self._kv.cache_blocks(seq.seq_id, seq.token_ids, seq.num_computed_tokens + num_new)
+        # Only now is the set of running sequences final: a block filled by this step enters the
+        # prefix cache once nothing can preempt its sequence before the forward pass writes its
+        # KV (a victim's blocks stay cached when freed, and a later prompt would read them).
+        for seq_id, num_new in planned.items():
+            seq = self._seqs[seq_id]
+            self._kv.cache_blocks(seq_id, seq.token_ids, seq.num_computed_tokens + num_new)
 
+        # Admission never preempts, so an admitted sequence's blocks are cached at once (a later
+        # prompt of this step may take them from the cache).
         if not preempted and self._can_admit():
             remaining = self._admit(planned, remaining)
 
