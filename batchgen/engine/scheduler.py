@@ -253,8 +253,11 @@ class Scheduler:
 
     def _fork(self, parent: Sequence, child: Sequence) -> BlockCopy | None:
         """Start `child` sharing the parent's prompt blocks (its first token is drawn from the
-        parent's logits). Without a free block for the partial last block it waits instead."""
-        result = self._kv.fork(parent.seq_id, child.seq_id, parent.num_computed_tokens)
+        parent's logits). When `max_num_seqs` sequences already run, or no block is free for the
+        partial last block, it waits instead."""
+        result = None
+        if len(self._running) < self._config.max_num_seqs:
+            result = self._kv.fork(parent.seq_id, child.seq_id, parent.num_computed_tokens)
         if result is None:
             # No room: the child recomputes its prompt later, mostly from the prefix cache.
             child.num_cached_tokens = parent.num_cached_tokens

@@ -16,14 +16,14 @@ from __future__ import annotations
 
 import itertools
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pytest
 
 from batchgen.engine.config import SchedulerConfig
 from batchgen.engine.sampling_params import SamplingParams
 from batchgen.engine.scheduler import Scheduler
-from batchgen.engine.sequence import Sequence
+from batchgen.engine.sequence import Sequence, SequenceStatus
 from batchgen.engine.step_plan import ScheduledChunk, StepPlan, StepResult
 from batchgen.radix import KVCacheManager
 
@@ -108,17 +108,35 @@ class FakeKVRunner:
 
 @dataclass
 class Engine:
+    """Drives the scheduler with the fake runner, checking after every step that the KV
+    manager's invariants hold, that cached blocks hold their KV, that no more than max_num_seqs
+    sequences run, and that each preemption took the newest admission."""
+
     sched: Scheduler
     kv: KVCacheManager
     runner: FakeKVRunner
+    max_num_seqs: int
+    seqs: list[Sequence] = field(default_factory=list)
+    num_victims: int = 0
+    max_num_running: int = 0
+
+    def add(self, seqs: list[Sequence]) -> None:
+        self.sched.add(seqs[0], seqs[1:])
+        self.seqs.extend(seqs)
 
     def run(self, max_steps: int = 2000) -> None:
         for _ in range(max_steps):
             if not self.sched.has_unfinished():
                 return
+            running = sorted((s for s in self.seqs if s.status is SequenceStatus.RUNNING), key=lambda s: s.admit_order)
             plan = self.sched.schedule()
+            victims = [s for s in running if s.status is SequenceStatus.WAITING]
+            assert victims == running[len(running) - len(victims) :], "a victim was not the newest admission"
+            self.num_victims += len(victims)
             self.kv.check_invariants()
             self.sched.update(plan, self.runner.execute(plan))
+            self.max_num_running = max(self.max_num_running, self.sched.num_running, len(plan.chunks))
+            assert self.max_num_running <= self.max_num_seqs
             self.kv.check_invariants()
             self.check_cached_kv()
         raise AssertionError("did not finish")
@@ -145,7 +163,7 @@ def make(num_blocks: int, block_size: int, budget: int | None, max_seqs: int, ca
         max_num_seqs=max_seqs, max_num_batched_tokens=budget, batching=batching  # type: ignore[arg-type]
     )
     sched = Scheduler(config, kv, max_model_len=1000, eos_token_ids=[EOS])
-    return Engine(sched, kv, FakeKVRunner(num_blocks, block_size))
+    return Engine(sched, kv, FakeKVRunner(num_blocks, block_size), max_seqs)
 
 
 @dataclass(frozen=True)
@@ -172,7 +190,7 @@ def run_workload(requests: list[Request], caching: bool, **options: object) -> t
                      num_prompt_tokens=len(r.prompt), params=params, seed=0)
             for i in range(r.n)
         ]
-        engine.sched.add(seqs[0], seqs[1:])
+        engine.add(seqs)
         all_seqs.append(seqs)
     engine.run()
     return [[s.token_ids for s in seqs] for seqs in all_seqs], engine
@@ -260,4 +278,5 @@ def test_random_heavy_preemption_matches_caching_off(block_size: int) -> None:
         assert on_engine.runner.num_unwritten_reads == 0 == off_engine.runner.num_unwritten_reads
         assert on_engine.kv.num_used_blocks == 0
         num_preemptions += on_engine.sched.stats().num_preemptions
+        assert on_engine.num_victims == on_engine.sched.stats().num_preemptions
     assert num_preemptions >= 100  # the workloads do preempt, heavily
