@@ -173,8 +173,14 @@ class LLMEngine:
     def add_request(
         self, prompt_token_ids: list[int], params: SamplingParams, prompt: str | None = None
     ) -> int:
-        """Queue a prompt; returns its request id. Raises ValueError if it cannot fit."""
+        """Queue a prompt; returns its request id. Raises ValueError if it cannot fit or asks
+        for more logprobs than the vocabulary holds."""
         self.check_prompt(prompt_token_ids)
+        if params.logprobs is not None and params.logprobs > self.model_config.vocab_size:
+            raise ValueError(
+                f"SamplingParams.logprobs={params.logprobs} exceeds the vocabulary of "
+                f"{self.model_config.vocab_size} tokens"
+            )
         request_id = next(self._request_ids)
         base_seed = params.seed if params.seed is not None else derive_seed(self._seed, request_id)
         seqs = [

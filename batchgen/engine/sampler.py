@@ -37,8 +37,10 @@ class SampleResult:
 def _filtered_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     x = logits / params.temperature
     if params.top_k > 0 and params.top_k < x.shape[-1]:
-        kth = torch.topk(x, params.top_k).values[-1]
-        x = x.masked_fill(x < kth, float("-inf"))
+        # Exactly top_k tokens stay; among equal logits the lower token ids (a stable sort).
+        kept = torch.sort(x, descending=True, stable=True).indices[: params.top_k]
+        dropped = torch.ones_like(x, dtype=torch.bool).index_fill_(0, kept, False)
+        x = x.masked_fill(dropped, float("-inf"))
     probs = torch.softmax(x, dim=-1)
     if params.min_p > 0:
         probs = probs.masked_fill(probs < params.min_p * probs.max(), 0.0)
@@ -56,7 +58,10 @@ def _draw(probs: torch.Tensor, seed: int) -> int:
     gen.manual_seed(seed)
     # Exponential race: argmax p_i / E_i with E_i ~ Exp(1) picks i with probability p_i.
     noise = torch.empty_like(probs).exponential_(generator=gen)
-    return int(torch.argmax(probs / noise).item())
+    # A draw of exactly 0 gives p/0: inf for a kept token (it wins, as its E_i is the smallest)
+    # but NaN for a filtered one, which argmax would pick; filtered tokens never compete.
+    scores = (probs / noise).masked_fill(probs <= 0, -1.0)
+    return int(torch.argmax(scores).item())
 
 
 def sample(logits: torch.Tensor, requests: Sequence[SampleRequest]) -> SampleResult:

@@ -3,6 +3,7 @@ tokens, stop strings completed by the last token, and text equal to the decode o
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 import shutil
@@ -106,3 +107,12 @@ def test_text_is_the_decode_of_the_token_ids(llm: LLM) -> None:
             completion = out.outputs[0]
             assert completion.finish_reason == "length"
             assert completion.text == llm.tokenizer.decode(list(completion.token_ids))
+
+
+def test_logprobs_beyond_the_vocabulary_are_refused(llm: LLM, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Only a vocabulary under MAX_LOGPROBS tokens can get here; shrink the engine's view of it.
+    small = dataclasses.replace(llm.engine.model_config, vocab_size=10)
+    monkeypatch.setattr(llm.engine, "model_config", small)
+    with pytest.raises(ValueError, match="logprobs=11 exceeds the vocabulary of 10 tokens"):
+        llm.engine.add_request([1, 2, 3], SamplingParams(logprobs=11))
+    assert not llm.engine.has_unfinished()
