@@ -250,6 +250,18 @@ class KVCacheManager:
         expected_parent = table[block_idx - 1] if block_idx > 0 else None
         return self._cache.parent_block_id(block_id) == expected_parent
 
+    def cached_chain_token_ids(self, block_id: int) -> tuple[int, ...] | None:
+        """Every token from the root through the cached ``block_id`` (whose KV must be what
+        those tokens produce), or None when the block is not cached; reads only."""
+        if not self._cache.is_cached(block_id):
+            return None
+        chain: list[tuple[int, ...]] = []
+        current: int | None = block_id
+        while current is not None:
+            chain.append(self._cache.block_token_ids(current))
+            current = self._cache.parent_block_id(current)
+        return tuple(t for block in reversed(chain) for t in block)
+
     def fork(self, parent_seq_id: int, child_seq_id: int, num_tokens: int) -> ForkResult | None:
         """Give ``child_seq_id`` the first ``num_tokens`` token slots of ``parent_seq_id``.
 

@@ -18,3 +18,11 @@ for _name, _value in (("OMP_NUM_THREADS", "1"), ("HF_HUB_OFFLINE", "1"), ("TRANS
 import torch  # noqa: E402 (after the environment above)
 
 torch.set_num_threads(1)
+
+from hypothesis import settings  # noqa: E402
+
+# Property tests run the same examples on every run (CI must not flake on a new random example);
+# HYPOTHESIS_PROFILE=explore searches new examples locally.
+settings.register_profile("ci", derandomize=True, deadline=None, database=None, print_blob=True)
+settings.register_profile("explore", deadline=None)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))

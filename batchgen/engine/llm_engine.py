@@ -188,8 +188,14 @@ class LLMEngine:
     def add_request(
         self, prompt_token_ids: list[int], params: SamplingParams, prompt: str | None = None
     ) -> int:
-        """Queue a prompt; returns its request id. Raises ValueError if it cannot fit."""
+        """Queue a prompt; returns its request id. Raises ValueError if it cannot fit or asks
+        for more logprobs than the vocabulary holds."""
         self.check_prompt(prompt_token_ids)
+        if params.logprobs is not None and params.logprobs > self.model_config.vocab_size:
+            raise ValueError(
+                f"SamplingParams.logprobs={params.logprobs} exceeds the vocabulary of "
+                f"{self.model_config.vocab_size} tokens"
+            )
         request_id = next(self._request_ids)
         base_seed = params.seed if params.seed is not None else derive_seed(self._seed, request_id)
         seqs = [
@@ -257,12 +263,13 @@ class LLMEngine:
         for seq in advanced:
             request = self._seq_to_request[seq.seq_id]
             detok = request.detokenizers[seq.sample_index]
-            if detok is not None and not seq.is_finished:
-                matched = detok.update(seq.generated_token_ids)
-                if matched is not None:
+            if detok is not None:
+                # Each advanced sequence received exactly one token in this step.
+                matched = detok.update(seq.token_ids[-1:])
+                if seq.is_finished:
+                    detok.finish()  # its stop string, if any, wins in _finish
+                elif matched is not None:
                     self.scheduler.finish(seq.seq_id, "stop", matched)
-            elif detok is not None:
-                detok.update(seq.generated_token_ids)
             touched[request.request_id] = request
         for request in touched.values():
             if all(s.is_finished for s in request.seqs):
@@ -306,13 +313,18 @@ class LLMEngine:
         for seq, detok in zip(request.seqs, request.detokenizers, strict=True):
             token_ids = tuple(seq.generated_token_ids)
             text = detok.text if detok is not None else self.tokenizer.decode(list(token_ids))
+            finish_reason, stop_reason = seq.finish_reason or "length", seq.stop_reason
+            if detok is not None and detok.stop_string is not None:
+                # A stop string completed by a token that also ended the sequence (EOS, a stop
+                # token, the length limit): the text is cut at the string, so it is the reason.
+                finish_reason, stop_reason = "stop", detok.stop_string
             outputs.append(
                 CompletionOutput(
                     index=seq.sample_index,
                     text=text,
                     token_ids=token_ids,
-                    finish_reason=seq.finish_reason or "length",
-                    stop_reason=seq.stop_reason,
+                    finish_reason=finish_reason,
+                    stop_reason=stop_reason,
                     logprobs=tuple(seq.logprobs) if request.params.logprobs is not None else None,
                     seed=seq.seed,
                 )

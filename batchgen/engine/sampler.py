@@ -46,9 +46,11 @@ def _filtered_probs(logits: torch.Tensor, params: Sequence[SamplingParams]) -> t
     top_k = [p.top_k if 0 < p.top_k < vocab else 0 for p in params]
     if any(top_k):
         k = torch.tensor([k or vocab for k in top_k], device=dev)
-        # the k-th largest value of each row (k = vocab: the minimum, so nothing is masked)
-        kth = torch.sort(x, dim=-1, descending=True).values.gather(1, (k - 1)[:, None])
-        x = x.masked_fill(x < kth, float("-inf"))
+        # Exactly k tokens stay; among equal logits the lower token ids (a stable sort).
+        order = torch.sort(x, dim=-1, descending=True, stable=True).indices
+        ranked_drop = torch.arange(vocab, device=dev)[None, :] >= k[:, None]
+        dropped = torch.zeros_like(x, dtype=torch.bool).scatter_(1, order, ranked_drop)
+        x = x.masked_fill(dropped, float("-inf"))
     probs = torch.softmax(x, dim=-1)
     if any(p.min_p > 0 for p in params):
         min_p = torch.tensor([p.min_p for p in params], dtype=probs.dtype, device=dev)
@@ -73,7 +75,10 @@ def _draw(probs: torch.Tensor, seeds: Sequence[int]) -> list[int]:
         gen.manual_seed(seed)
         noise[i].exponential_(generator=gen)
     # Exponential race: argmax p_i / E_i with E_i ~ Exp(1) picks i with probability p_i.
-    return [int(t) for t in torch.argmax(probs / noise, dim=-1).tolist()]
+    # A draw of exactly 0 gives p/0: inf for a kept token (it wins, as its E_i is the smallest)
+    # but NaN for a filtered one, which argmax would pick; filtered tokens never compete.
+    scores = (probs / noise).masked_fill(probs <= 0, -1.0)
+    return [int(t) for t in torch.argmax(scores, dim=-1).tolist()]
 
 
 def sample(logits: torch.Tensor, requests: Sequence[SampleRequest]) -> SampleResult:

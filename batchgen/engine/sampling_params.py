@@ -14,7 +14,12 @@ from typing import Any
 
 from batchgen._checks import is_int
 
-__all__ = ["SamplingParams"]
+__all__ = ["MAX_LOGPROBS", "MAX_N", "SamplingParams"]
+
+# Per-request caps, so that one row cannot build thousands of sequences or ask for a top-k
+# larger than the vocabulary inside a step (OpenAI's API and vLLM's default allow 20 logprobs).
+MAX_N = 128
+MAX_LOGPROBS = 20
 
 
 def _is_number(value: object) -> bool:
@@ -27,8 +32,10 @@ class SamplingParams:
 
     temperature 0 is greedy; top_k -1 (or 0) disables top-k; top_p 1 and min_p 0 disable theirs.
     `seed` makes a request's samples reproducible whatever else shares the batch; `n` samples
-    share the prompt's KV blocks. `logprobs` asks for that many top log-probabilities per
-    generated token (the sampled token's is always included).
+    share the prompt's KV blocks (at most MAX_N = 128). `logprobs` asks for that many top
+    log-probabilities per generated token (the sampled token's is always included; at most
+    MAX_LOGPROBS = 20, and the engine refuses more than the vocabulary). `top_k` keeps exactly
+    k tokens, ties going to the lower token ids.
     """
 
     n: int = 1
@@ -47,8 +54,8 @@ class SamplingParams:
         self._validate()
 
     def _validate(self) -> None:
-        if not is_int(self.n) or self.n < 1:
-            raise ValueError(f"SamplingParams.n must be an integer >= 1, got {self.n!r}")
+        if not is_int(self.n) or not 1 <= self.n <= MAX_N:
+            raise ValueError(f"SamplingParams.n must be an integer in [1, {MAX_N}], got {self.n!r}")
         if not is_int(self.max_tokens) or self.max_tokens < 1:
             raise ValueError(f"SamplingParams.max_tokens must be an integer >= 1, got {self.max_tokens!r}")
         if not _is_number(self.temperature) or not math.isfinite(self.temperature) or self.temperature < 0:
@@ -71,8 +78,10 @@ class SamplingParams:
             )
         if not isinstance(self.ignore_eos, bool):
             raise ValueError(f"SamplingParams.ignore_eos must be a boolean, got {self.ignore_eos!r}")
-        if self.logprobs is not None and (not is_int(self.logprobs) or self.logprobs < 0):
-            raise ValueError(f"SamplingParams.logprobs must be an integer >= 0 or None, got {self.logprobs!r}")
+        if self.logprobs is not None and (not is_int(self.logprobs) or not 0 <= self.logprobs <= MAX_LOGPROBS):
+            raise ValueError(
+                f"SamplingParams.logprobs must be an integer in [0, {MAX_LOGPROBS}] or None, got {self.logprobs!r}"
+            )
 
     @property
     def stop_strings(self) -> tuple[str, ...]:

@@ -133,8 +133,15 @@ class Scheduler:
             else:
                 planned[seq.seq_id] = num_new
                 remaining -= num_new
-                self._kv.cache_blocks(seq.seq_id, seq.token_ids, seq.num_computed_tokens + num_new)
+        # Only now is the set of running sequences final: a block filled by this step enters the
+        # prefix cache once nothing can preempt its sequence before the forward pass writes its
+        # KV (a victim's blocks stay cached when freed, and a later prompt would read them).
+        for seq_id, num_new in planned.items():
+            seq = self._seqs[seq_id]
+            self._kv.cache_blocks(seq_id, seq.token_ids, seq.num_computed_tokens + num_new)
 
+        # Admission never preempts, so an admitted sequence's blocks are cached at once (a later
+        # prompt of this step may take them from the cache).
         if not preempted and self._can_admit():
             remaining = self._admit(planned, remaining)
 
@@ -275,8 +282,11 @@ class Scheduler:
 
     def _fork(self, parent: Sequence, child: Sequence) -> BlockCopy | None:
         """Start `child` sharing the parent's prompt blocks (its first token is drawn from the
-        parent's logits). Without a free block for the partial last block it waits instead."""
-        result = self._kv.fork(parent.seq_id, child.seq_id, parent.num_computed_tokens)
+        parent's logits). When `max_num_seqs` sequences already run, or no block is free for the
+        partial last block, it waits instead."""
+        result = None
+        if len(self._running) < self._config.max_num_seqs:
+            result = self._kv.fork(parent.seq_id, child.seq_id, parent.num_computed_tokens)
         if result is None:
             # No room: the child recomputes its prompt later, mostly from the prefix cache.
             child.num_cached_tokens = parent.num_cached_tokens

