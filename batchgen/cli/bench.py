@@ -6,6 +6,7 @@ comparable even on a shared, noisy machine. Figures come out as a table and as J
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from collections.abc import Sequence
@@ -38,6 +39,11 @@ class BenchResult:
     cached_prompt_tokens: int
     num_preemptions: int
     peak_kv_blocks_used: int
+    output_digest: str  # sha256 of every request's output token ids, in request order
+
+
+def _digest(outputs: Sequence[Sequence[int]]) -> str:
+    return hashlib.sha256(json.dumps([list(o) for o in outputs]).encode()).hexdigest()
 
 
 def _run_mode(
@@ -62,12 +68,18 @@ def _run_mode(
         cache_config=CacheConfig(),
         runner_config=RunnerConfig(device=device, dtype=dtype),
     )
-    for token_ids, request_params in zip(prompts, params, strict=True):
+    request_ids = [
         engine.add_request(list(token_ids), request_params)
+        for token_ids, request_params in zip(prompts, params, strict=True)
+    ]
+    outputs: dict[int, list[int]] = {}
     bar = tqdm(total=len(prompts), desc=f"bench {batching}", unit="req", disable=not use_tqdm)
     start = time.perf_counter()
     while engine.has_unfinished():
-        bar.update(len(engine.step()))
+        finished = engine.step()
+        for out in finished:
+            outputs[out.request_id] = list(out.outputs[0].token_ids)
+        bar.update(len(finished))
     wall = time.perf_counter() - start
     bar.close()
     stats = engine.stats()
@@ -85,6 +97,7 @@ def _run_mode(
         cached_prompt_tokens=stats.cached_prompt_tokens,
         num_preemptions=stats.num_preemptions,
         peak_kv_blocks_used=stats.peak_kv_blocks_used,
+        output_digest=_digest([outputs[r] for r in request_ids]),
     )
 
 
@@ -119,6 +132,7 @@ def _run_transformers(
     eos = set(checkpoint.config.eos_token_ids)
     pad = next(iter(eos)) if eos else 0
     output_tokens = 0
+    generated: list[list[int]] = []
     bar = tqdm(total=len(prompts), desc="bench transformers", unit="req", disable=not use_tqdm)
     start = time.perf_counter()
     for b in range(0, len(prompts), batch_size):
@@ -138,6 +152,7 @@ def _run_transformers(
                 if token in eos:
                     break
             output_tokens += useful
+            generated.append(row[:useful])
         bar.update(len(batch))
     wall = time.perf_counter() - start
     bar.close()
@@ -155,6 +170,7 @@ def _run_transformers(
         cached_prompt_tokens=0,
         num_preemptions=0,
         peak_kv_blocks_used=0,
+        output_digest=_digest(generated),
     )
 
 

@@ -170,12 +170,27 @@ def _random_write(job: Job) -> str:
     return str(random.Random(_KILL_SEED).randint(1, total - 1))
 
 
+def _random_io_moment(seed: int) -> Callable[[Job], str]:
+    # An I/O moment (fsync, rename, shard write) drawn with a fixed seed, after the manifest's
+    # creation (its 3 moments) and before the last moment the reference run surely made: one
+    # write per row group, then fsync + rename + folder fsync for each shard and for each
+    # manifest save after it.
+    def pick(job: Job) -> str:
+        writes = sum(_num_row_groups(p) for p in final_shards(job.folder / "out-ref"))
+        return str(random.Random(seed).randint(4, writes + 6 * NUM_SHARDS))
+
+    return pick
+
+
 KILL_POINTS: dict[str, tuple[str, Callable[[Job], str]]] = {
     "mid-shard-write": ("write", lambda job: f"{SHARD_NAMES[1]}:2"),
     "before-rename": ("before_rename", lambda job: "2"),
     "after-rename-before-manifest": ("after_rename", lambda job: "2"),
     "start-of-second-shard-read": ("read", lambda job: SHARD_NAMES[1]),
     "random-write": ("write_any", _random_write),
+    "before-manifest-replace": ("before_manifest_replace", lambda job: "3"),
+    "after-manifest-replace": ("after_manifest_replace", lambda job: "3"),
+    **{f"random-io-{seed}": ("io", _random_io_moment(seed)) for seed in (_KILL_SEED, 7, 99)},
 }
 
 
