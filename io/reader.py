@@ -19,6 +19,7 @@ May import: the standard library and pyarrow. Nothing of batchgen, no torch.
 
 from __future__ import annotations
 
+import fnmatch
 import glob
 import hashlib
 import os
@@ -114,30 +115,55 @@ def _input_root(spec: str, base_dir: Path) -> Path:
     return resolve_path(os.path.join(*static), base_dir) if static else base_dir
 
 
+def _glob_reads_folder(spec: str, base_dir: Path, folder: Path) -> bool:
+    """Whether the glob `spec` would match Parquet files placed directly in `folder`: below its
+    fixed prefix for a recursive (``**``) glob, else when `folder` matches the glob's folder
+    part component by component."""
+    pattern = resolve_path(spec, base_dir)
+    if "**" in spec:
+        root = _input_root(spec, base_dir)
+        return folder == root or root in folder.parents
+    folder_parts = pattern.parent.parts
+    return len(folder.parts) == len(folder_parts) and all(
+        fnmatch.fnmatchcase(name, part) for name, part in zip(folder.parts, folder_parts, strict=True)
+    )
+
+
 def check_output_outside_inputs(
     out_dir: Path, spec: str, base_dir: Path, input_paths: list[Path]
 ) -> None:
-    """Refuse an output folder that equals, contains or lies inside the input set: the folder
-    an input spec reads from (a folder or file, a glob's fixed prefix) and every
-    input shard. Output shards are named after input shards and ``--restart`` deletes them, so
-    such a folder could overwrite or delete the inputs, or feed outputs back as inputs.
-    Symbolic links are resolved; no file is touched. Raises InputError naming both paths."""
+    """Refuse an output folder that equals, contains or lies inside the input set: an input
+    folder (or file), a folder a glob would read from, or a folder holding an input shard.
+    Output shards are named after input shards and ``--restart`` deletes them, so such a folder
+    could overwrite or delete the inputs, or feed outputs back as inputs. Symbolic links are
+    resolved; no file is touched. Raises InputError naming both paths."""
     out_real = Path(os.path.realpath(out_dir))
+    is_glob = not _GLOB_CHARS.isdisjoint(spec)
     root = Path(os.path.realpath(_input_root(spec, base_dir)))
-    candidates = [(root, f"the input {root}")]
-    candidates += [(Path(os.path.realpath(p)), f"the input shard {p}") for p in input_paths]
+    candidates = [(Path(os.path.realpath(p)), f"the input shard {p}") for p in input_paths]
+    if not is_glob:
+        candidates.insert(0, (root, f"the input {root}"))
     for path, what in candidates:
         if out_real == path or out_real in path.parents:
             relation = "is" if out_real == path else "contains"
-        elif path == root and root in out_real.parents:
+        elif not is_glob and root in out_real.parents:
             relation = "lies inside"
         else:
             continue
-        raise InputError(
-            f"output.path {out_dir} {relation} {what} (input.path '{spec}'); output shards "
-            "are named after input shards and --restart deletes them, so the output folder "
-            "must lie outside the input set: choose another output.path"
-        )
+        _refuse(out_dir, spec, relation, what)
+    if is_glob and (
+        _glob_reads_folder(spec, base_dir, Path(os.path.normpath(out_dir)))
+        or _glob_reads_folder(spec, base_dir, out_real)
+    ):
+        _refuse(out_dir, spec, "lies inside", "the folders the input glob reads")
+
+
+def _refuse(out_dir: Path, spec: str, relation: str, what: str) -> None:
+    raise InputError(
+        f"output.path {out_dir} {relation} {what} (input.path '{spec}'); output shards "
+        "are named after input shards and --restart deletes them, so the output folder "
+        "must lie outside the input set: choose another output.path"
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -256,9 +256,13 @@ def test_identity_changes_with_content_not_with_mtime(tmp_path: Path) -> None:
         ("in", "in/out", True),
         ("in", "out", False),
         ("in", "in-out", False),  # a name prefix is not a parent
-        ("in/*.parquet", "in/x", True),
+        ("in/*.parquet", "in", True),
+        ("in/*.parquet", "in/x", False),  # not read by a non-recursive glob
+        ("*/*.parquet", "out", True),  # out/*.parquet would be read as input
         ("in/**/*.parquet", "in/sub/deeper", True),
+        ("in/**/*.parquet", "in", True),
         ("in/*.parquet", "out", False),
+        ("in/*.parquet", ".", True),  # contains the input shard
         ("in/a.parquet", "in", True),
         ("in/a.parquet", "in/out", False),
     ],

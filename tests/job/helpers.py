@@ -16,6 +16,9 @@ KIND / ARG pick the moment (counts start at 1):
                           (what ``--restart`` does to the old outputs);
 - ``before_manifest_replace K`` / ``after_manifest_replace K``  around the K-th ``os.replace``
                           onto ``manifest.json`` (the first is the manifest's creation);
+- ``sigint_wait K``       at the K-th `OutputShardWriter.write` of any shard: print ``ready``
+                          and wait for stdin to close before writing (the test sends SIGINT
+                          meanwhile; nothing is killed);
 - ``io K``                before the K-th I/O moment of any kind: an ``os.fsync``, an
                           ``os.replace`` or an `OutputShardWriter.write` (the tests draw K with
                           a fixed seed).
@@ -263,6 +266,24 @@ def _patch_manifest_replace(note: Path, kind: str, arg: str) -> None:
     os.replace = replace
 
 
+def _patch_sigint_wait(arg: str) -> None:
+    from batchgen.io import writer
+
+    real_write = writer.OutputShardWriter.write
+    wanted = int(arg)
+    count = 0
+
+    def write(self: Any, batch: pa.RecordBatch) -> None:
+        nonlocal count
+        count += 1
+        if count == wanted:
+            print("ready", flush=True)
+            sys.stdin.read()  # until the test closes our stdin
+        real_write(self, batch)
+
+    writer.OutputShardWriter.write = write
+
+
 def _patch_io(note: Path, arg: str) -> None:
     from batchgen.io import writer
 
@@ -308,6 +329,8 @@ def _wrapper_main(argv: list[str]) -> int:
         _patch_manifest_replace(Path(note), kind, arg)
     elif kind == "io":
         _patch_io(Path(note), arg)
+    elif kind == "sigint_wait":
+        _patch_sigint_wait(arg)
     else:
         raise SystemExit(f"kill wrapper: unknown kind {kind!r}")
     from batchgen.cli.main import main

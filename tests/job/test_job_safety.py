@@ -440,3 +440,66 @@ def test_strftime_now_is_pinned_per_job_and_reused_on_resume(
         ]
     assert again.column("output").equals(first_run["part-1.parquet"].column("output"))
     assert json.loads((out_dir / "manifest.json").read_text())["job_time"] == "2026-01-01T09:30:00"
+
+
+# --- resume refusal over everything that changes outputs --------------------------------------
+
+
+def _flip_last_weight_byte(model: Path, job: Path) -> list[str]:
+    weights = model / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 0x01
+    weights.write_bytes(bytes(data))
+    return []
+
+
+def _other_bos_token(model: Path, job: Path) -> list[str]:
+    config_file = model / "tokenizer_config.json"
+    config = json.loads(config_file.read_text())
+    config["bos_token"] = "<|im_end|>"
+    config_file.write_text(json.dumps(config))
+    return []
+
+
+def _other_chat_template(model: Path, job: Path) -> list[str]:
+    (model / "chat_template.jinja").write_text("{% for m in messages %}{{ m.content }}{% endfor %}")
+    return []
+
+
+REFUSALS: dict[str, tuple[Any, str]] = {
+    # name: (a change to the model folder and job returning extra CLI args, the key named)
+    "model-file": (_flip_last_weight_byte, "model.fingerprint"),
+    "tokenizer": (_other_bos_token, "tokenizer.fingerprint"),
+    "chat-template": (_other_chat_template, "tokenizer.fingerprint"),
+    "seed": (lambda model, job: ["--set", "seed=5"], "job.seed: 0 -> 5"),
+    "columns": (
+        lambda model, job: ["--set", "input.columns={id: id, prompt: prompt, passthrough: [prompt]}"],
+        "job.columns.passthrough",
+    ),
+    "prompt-too-long": (
+        lambda model, job: ["--set", "prompt_too_long=truncate_left"],
+        "job.prompt_too_long: 'error' -> 'truncate_left'",
+    ),
+}
+
+
+@pytest.mark.parametrize("change", list(REFUSALS))
+def test_resume_is_refused_for_every_change_of_output(
+    change: str, tmp_path: Path, model_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model = tmp_path / "model"
+    shutil.copytree(model_dir, model)
+    job = good_job(tmp_path, model)
+    rc, _, err = run(job, capsys)
+    assert rc == 0, err
+    (tmp_path / "out" / "part-1.parquet").unlink()  # work left to do
+    before = snapshot(tmp_path / "out")
+    modify, named = REFUSALS[change]
+    extra = modify(model, job)
+    rc, out, err = run(job, capsys, *extra)
+    assert rc == 2, err
+    assert out == ""
+    assert named in err and "--restart" in err
+    assert snapshot(tmp_path / "out") == before
+    rc, _, err = run(job, capsys, *extra, "--restart")
+    assert rc == 0, err
