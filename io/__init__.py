@@ -6,6 +6,8 @@ Owns (one module each):
 - ``reader``: listing input shards, footer-only schema checks, bounded-memory batch streams;
 - ``writer``: output shards written to a temporary file and renamed whole on commit;
 - ``manifest``: ``manifest.json``, the committed shards and the configuration fingerprint;
+- ``identity``: what identifies an input shard (path, size, rows, footer hash);
+- ``lock``: the exclusive lock of an output folder for a whole run;
 - ``errors``: `InputError`, whose message is shown to users as it is.
 
 Sees only Arrow record batches and files, never a sequence or a model. Blocking calls (all of
@@ -17,9 +19,27 @@ batchgen package.
 
 from __future__ import annotations
 
-from .errors import InputError
-from .manifest import MANIFEST_NAME, Manifest, ShardRecord, summarize_output_shard
-from .reader import ShardInfo, inspect_shard, iter_shard_batches, list_input_shards, resolve_path
+from .errors import InputError, ShardReadError
+from .identity import InputIdentity
+from .lock import LOCK_NAME, OutputLock
+from .manifest import (
+    MANIFEST_NAME,
+    BadShard,
+    Manifest,
+    ShardRecord,
+    fingerprint_digest,
+    read_shard_metadata,
+    shard_metadata,
+    summarize_output_shard,
+)
+from .reader import (
+    ShardInfo,
+    check_output_outside_inputs,
+    inspect_shard,
+    iter_shard_batches,
+    list_input_shards,
+    resolve_path,
+)
 from .schema import (
     FINISH_REASONS,
     OUTPUT_COLUMNS,
@@ -39,25 +59,34 @@ from .writer import (
 
 __all__ = [
     "FINISH_REASONS",
+    "LOCK_NAME",
     "MANIFEST_NAME",
     "OUTPUT_COLUMNS",
+    "BadShard",
     "ColumnMap",
     "InputError",
+    "InputIdentity",
     "Manifest",
+    "OutputLock",
     "OutputRow",
     "OutputShardWriter",
     "ShardInfo",
+    "ShardReadError",
     "ShardRecord",
     "check_output_dir",
+    "check_output_outside_inputs",
     "clean_temp_files",
+    "fingerprint_digest",
     "fsync_path",
     "inspect_shard",
     "iter_shard_batches",
     "list_input_shards",
     "output_schema",
     "passthrough_fields",
+    "read_shard_metadata",
     "resolve_path",
     "rows_to_batch",
+    "shard_metadata",
     "summarize_output_shard",
     "write_json_atomic",
 ]

@@ -8,8 +8,13 @@ May import: the standard library only.
 
 from __future__ import annotations
 
-__all__ = ["InputError"]
+__all__ = ["InputError", "ShardReadError"]
 
 
 class InputError(Exception):
     """A problem with the job's input shards, output folder or manifest, worded for users."""
+
+
+class ShardReadError(InputError):
+    """An input shard that cannot be read (unreadable footer, corrupt row group): the job
+    may skip it (``on_bad_shard: skip``), unlike a schema or configuration problem."""

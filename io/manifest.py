@@ -11,17 +11,29 @@ Invariants:
 - The fingerprint is stored as JSON (tuples become lists); `diff_fingerprint` compares in that
   form, so a loaded manifest compares equal to the configuration that wrote it.
 
+- Each record holds the identity of the input shard it was made from (path, size, row count,
+  footer hash); each output file carries the same identity and the fingerprint's digest in its
+  Parquet key-value metadata (`shard_metadata`, `read_shard_metadata`), so a resume can refuse
+  an output made from other data or another configuration, naming the shard.
+- ``job_time`` is the moment the job started (ISO 8601, local time, seconds); a resumed run
+  reuses it (chat templates' ``strftime_now`` sees it), so prompts do not change with the date.
+
 Layout::
 
-    {"format": 1,
+    {"format": 2,
      "fingerprint": {...},
-     "shards": {"part-0.parquet": {"input_path": ..., "num_input_rows": ..., ...}}}
+     "job_time": "2026-11-30T23:40:00",
+     "shards": {"part-0.parquet": {"input_path": ..., "input_size": ..., "num_input_rows": ...,
+                                   "input_footer_hash": ..., "num_output_rows": ..., ...}},
+     "bad_shards": {"part-3.parquet": {"input_path": ..., "input_size": ..., ...,
+                                       "error": "..."}}}
 
 May import: the standard library and pyarrow. Nothing of batchgen, no torch.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections import Counter
 from collections.abc import Mapping
@@ -34,12 +46,75 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from .errors import InputError
+from .identity import InputIdentity
 from .writer import write_json_atomic
 
-__all__ = ["MANIFEST_NAME", "Manifest", "ShardRecord", "summarize_output_shard"]
+__all__ = [
+    "MANIFEST_NAME",
+    "BadShard",
+    "InputIdentity",
+    "Manifest",
+    "ShardRecord",
+    "fingerprint_digest",
+    "read_shard_metadata",
+    "shard_metadata",
+    "summarize_output_shard",
+]
 
 MANIFEST_NAME = "manifest.json"
-_FORMAT = 1
+_FORMAT = 2
+_META_FINGERPRINT = b"batchgen.fingerprint"
+_META_INPUT = b"batchgen.input"
+
+
+@dataclass(frozen=True, slots=True)
+class BadShard:
+    """An input shard skipped under ``on_bad_shard: skip``: its identity and the error."""
+
+    input: InputIdentity
+    error: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"input": self.input.to_json(), "error": self.error}
+
+    @classmethod
+    def from_json(cls, data: Any) -> BadShard:
+        if not isinstance(data, dict) or set(data) != {"input", "error"} or not isinstance(data["error"], str):
+            raise ValueError(f"bad shard record: expected input and error, got {data!r}")
+        return cls(InputIdentity.from_json(data["input"]), data["error"])
+
+
+def fingerprint_digest(fingerprint: Mapping[str, Any]) -> str:
+    """sha256 hex of the fingerprint's canonical JSON (sorted keys, tuples as lists)."""
+    canonical = json.dumps(_to_json_value(fingerprint), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+
+
+def shard_metadata(fingerprint: Mapping[str, Any], identity: InputIdentity) -> dict[bytes, bytes]:
+    """The Parquet key-value metadata of an output shard: the fingerprint's digest and the
+    input identity (JSON)."""
+    return {
+        _META_FINGERPRINT: fingerprint_digest(fingerprint).encode("ascii"),
+        _META_INPUT: json.dumps(identity.to_json(), sort_keys=True).encode("utf-8"),
+    }
+
+
+def read_shard_metadata(path: Path) -> tuple[str, InputIdentity] | None:
+    """(fingerprint digest, input identity) from an output shard's footer, or None when the
+    file carries no batchgen metadata. Raises InputError naming the file when it is not a
+    readable Parquet file or its metadata is malformed."""
+    try:
+        metadata = pq.read_schema(path).metadata or {}
+    except (OSError, pa.ArrowException) as exc:
+        raise InputError(f"{path}: not a readable Parquet file ({exc})") from exc
+    if _META_FINGERPRINT not in metadata or _META_INPUT not in metadata:
+        return None
+    try:
+        identity = InputIdentity.from_json(json.loads(metadata[_META_INPUT]))
+        digest = metadata[_META_FINGERPRINT].decode("ascii")
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise InputError(f"{path}: malformed batchgen metadata ({exc})") from exc
+    return digest, identity
 _SUMMARY_BATCH_ROWS = 8192
 
 
@@ -53,6 +128,8 @@ class ShardRecord:
     """
 
     input_path: str
+    input_size: int
+    input_footer_hash: str
     num_input_rows: int
     num_output_rows: int
     rows_by_status: dict[str, int]
@@ -66,6 +143,13 @@ class ShardRecord:
         """A JSON-able dict of all fields."""
         return asdict(self)
 
+    @property
+    def input(self) -> InputIdentity:
+        """The identity of the input shard the output was made from."""
+        return InputIdentity(
+            self.input_path, self.input_size, self.num_input_rows, self.input_footer_hash
+        )
+
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> ShardRecord:
         """The inverse of `to_json`. Raises ValueError on a missing, unknown or mistyped field."""
@@ -73,6 +157,7 @@ class ShardRecord:
         if set(data) != set(names):
             raise ValueError(f"shard record fields {sorted(data)}, expected {sorted(names)}")
         for name in (
+            "input_size",
             "num_input_rows",
             "num_output_rows",
             "prompt_tokens",
@@ -91,16 +176,19 @@ class ShardRecord:
                 raise ValueError(
                     f"shard record field {name!r}: expected a mapping of counts, got {counts!r}"
                 )
-        if not isinstance(data["input_path"], str):
-            raise ValueError(
-                f"shard record field 'input_path': expected a string, got {data['input_path']!r}"
-            )
+        for name in ("input_path", "input_footer_hash"):
+            if not isinstance(data[name], str):
+                raise ValueError(
+                    f"shard record field {name!r}: expected a string, got {data[name]!r}"
+                )
         if not isinstance(data["wall_s"], int | float) or isinstance(data["wall_s"], bool):
             raise ValueError(
                 f"shard record field 'wall_s': expected a number, got {data['wall_s']!r}"
             )
         return cls(
             input_path=data["input_path"],
+            input_size=data["input_size"],
+            input_footer_hash=data["input_footer_hash"],
             num_input_rows=data["num_input_rows"],
             num_output_rows=data["num_output_rows"],
             rows_by_status=dict(data["rows_by_status"]),
@@ -136,14 +224,22 @@ def _diff(old: Any, new: Any, path: str, lines: list[str]) -> None:
 
 
 class Manifest:
-    """The manifest of one output folder; `mark_committed`, `reset` and `create` save it."""
+    """The manifest of one output folder; `mark_committed`, `mark_bad` and `create` save it."""
 
     def __init__(
-        self, out_dir: Path, fingerprint: Mapping[str, Any], shards: Mapping[str, ShardRecord]
+        self,
+        out_dir: Path,
+        fingerprint: Mapping[str, Any],
+        shards: Mapping[str, ShardRecord],
+        *,
+        job_time: str,
+        bad_shards: Mapping[str, BadShard] | None = None,
     ) -> None:
         self._out_dir = out_dir
         self._fingerprint = _to_json_value(fingerprint)
         self._shards = dict(shards)
+        self._job_time = job_time
+        self._bad_shards = dict(bad_shards or {})
 
     @property
     def path(self) -> Path:
@@ -154,10 +250,15 @@ class Manifest:
         """A copy of the stored fingerprint, in JSON form."""
         return _to_json_value(self._fingerprint)
 
+    @property
+    def job_time(self) -> str:
+        """When the job started (ISO 8601, local time): what ``strftime_now`` sees."""
+        return self._job_time
+
     @classmethod
     def load(cls, out_dir: Path) -> Manifest | None:
         """The manifest in `out_dir`, or None if there is none. Raises InputError naming the
-        file when it cannot be read or is not a manifest."""
+        file when it cannot be read or is not a manifest (of this format)."""
         path = out_dir / MANIFEST_NAME
         try:
             text = path.read_text(encoding="utf-8")
@@ -172,19 +273,23 @@ class Manifest:
             fingerprint, shards = data.get("fingerprint"), data.get("shards")
             if not isinstance(fingerprint, dict) or not isinstance(shards, dict):
                 raise ValueError('expected "fingerprint" and "shards" objects')
+            job_time, bad = data.get("job_time"), data.get("bad_shards", {})
+            if not isinstance(job_time, str) or not isinstance(bad, dict):
+                raise ValueError('expected a "job_time" string and a "bad_shards" object')
             records = {name: ShardRecord.from_json(rec) for name, rec in shards.items()}
+            bad_shards = {name: BadShard.from_json(rec) for name, rec in bad.items()}
         except (ValueError, TypeError, AttributeError) as exc:
             raise InputError(
                 f"{path}: not a valid batchgen manifest ({exc}); "
-                "delete it or restart the job to regenerate every shard"
+                "run with --restart to discard it and regenerate every shard"
             ) from exc
-        return cls(out_dir, fingerprint, records)
+        return cls(out_dir, fingerprint, records, job_time=job_time, bad_shards=bad_shards)
 
     @classmethod
-    def create(cls, out_dir: Path, fingerprint: Mapping[str, Any]) -> Manifest:
+    def create(cls, out_dir: Path, fingerprint: Mapping[str, Any], *, job_time: str) -> Manifest:
         """A manifest with no committed shard, saved at once. Raises ValueError if the
         fingerprint is not JSON-able, OSError if it cannot be written."""
-        manifest = cls(out_dir, fingerprint, {})
+        manifest = cls(out_dir, fingerprint, {}, job_time=job_time)
         manifest.save()
         return manifest
 
@@ -200,9 +305,19 @@ class Manifest:
         """The committed shards by output shard name (a copy)."""
         return dict(self._shards)
 
+    def bad_shards(self) -> dict[str, BadShard]:
+        """The input shards skipped as unreadable, by output shard name (a copy)."""
+        return dict(self._bad_shards)
+
     def mark_committed(self, shard_name: str, record: ShardRecord) -> None:
-        """Record a committed shard and save."""
+        """Record a committed shard (no longer bad, if it was) and save."""
         self._shards[shard_name] = record
+        self._bad_shards.pop(shard_name, None)
+        self.save()
+
+    def mark_bad(self, shard_name: str, bad: BadShard) -> None:
+        """Record an input shard skipped as unreadable and save."""
+        self._bad_shards[shard_name] = bad
         self.save()
 
     def save(self) -> None:
@@ -210,12 +325,14 @@ class Manifest:
         data = {
             "format": _FORMAT,
             "fingerprint": self._fingerprint,
+            "job_time": self._job_time,
             "shards": {name: rec.to_json() for name, rec in self._shards.items()},
+            "bad_shards": {name: bad.to_json() for name, bad in self._bad_shards.items()},
         }
         write_json_atomic(self.path, data)
 
 
-def summarize_output_shard(path: Path, *, input_path: str, num_input_rows: int) -> ShardRecord:
+def summarize_output_shard(path: Path, *, input: InputIdentity) -> ShardRecord:
     """Recompute the record of a committed output shard from its ``usage`` and ``error``
     columns (streamed, bounded memory). `wall_s` is 0.0. Raises InputError naming the file
     when it is unreadable or lacks those columns."""
@@ -241,8 +358,10 @@ def summarize_output_shard(path: Path, *, input_path: str, num_input_rows: int) 
     except (OSError, pa.ArrowException, KeyError) as exc:
         raise InputError(f"{path}: cannot summarize output shard ({exc})") from exc
     return ShardRecord(
-        input_path=input_path,
-        num_input_rows=num_input_rows,
+        input_path=input.path,
+        input_size=input.size,
+        input_footer_hash=input.footer_hash,
+        num_input_rows=input.num_rows,
         num_output_rows=num_rows,
         rows_by_status={"ok": num_rows - num_errors, "error": num_errors},
         error_codes=dict(sorted(codes.items())),

@@ -19,7 +19,9 @@ May import: the standard library and pyarrow. Nothing of batchgen, no torch.
 
 from __future__ import annotations
 
+import fnmatch
 import glob
+import hashlib
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -28,12 +30,15 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .errors import InputError
+from .errors import InputError, ShardReadError
+from .identity import InputIdentity
 from .schema import ColumnMap
 
 __all__ = [
     "InputError",
     "ShardInfo",
+    "ShardReadError",
+    "check_output_outside_inputs",
     "inspect_shard",
     "iter_shard_batches",
     "list_input_shards",
@@ -96,15 +101,106 @@ def list_input_shards(spec: str, base_dir: Path) -> list[Path]:
     return paths
 
 
+def _input_root(spec: str, base_dir: Path) -> Path:
+    """What an input spec reads from: the folder or file itself, or the part of a glob before
+    its first wildcard component."""
+    resolved = resolve_path(spec, base_dir)
+    if _GLOB_CHARS.isdisjoint(spec):
+        return resolved
+    static: list[str] = []
+    for part in Path(spec).expanduser().parts:
+        if not _GLOB_CHARS.isdisjoint(part):
+            break
+        static.append(part)
+    return resolve_path(os.path.join(*static), base_dir) if static else base_dir
+
+
+def _glob_reads_folder(spec: str, base_dir: Path, folder: Path) -> bool:
+    """Whether the glob `spec` would match Parquet files placed directly in `folder`: below its
+    fixed prefix for a recursive (``**``) glob, else when `folder` matches the glob's folder
+    part component by component."""
+    pattern = resolve_path(spec, base_dir)
+    if "**" in spec:
+        root = _input_root(spec, base_dir)
+        return folder == root or root in folder.parents
+    folder_parts = pattern.parent.parts
+    return len(folder.parts) == len(folder_parts) and all(
+        fnmatch.fnmatchcase(name, part) for name, part in zip(folder.parts, folder_parts, strict=True)
+    )
+
+
+def check_output_outside_inputs(
+    out_dir: Path, spec: str, base_dir: Path, input_paths: list[Path]
+) -> None:
+    """Refuse an output folder that equals, contains or lies inside the input set: an input
+    folder (or file), a folder a glob would read from, or a folder holding an input shard.
+    Output shards are named after input shards and ``--restart`` deletes them, so such a folder
+    could overwrite or delete the inputs, or feed outputs back as inputs. Symbolic links are
+    resolved; no file is touched. Raises InputError naming both paths."""
+    out_real = Path(os.path.realpath(out_dir))
+    is_glob = not _GLOB_CHARS.isdisjoint(spec)
+    root = Path(os.path.realpath(_input_root(spec, base_dir)))
+    candidates = [(Path(os.path.realpath(p)), f"the input shard {p}") for p in input_paths]
+    if not is_glob:
+        candidates.insert(0, (root, f"the input {root}"))
+    for path, what in candidates:
+        if out_real == path or out_real in path.parents:
+            relation = "is" if out_real == path else "contains"
+        elif not is_glob and root in out_real.parents:
+            relation = "lies inside"
+        else:
+            continue
+        _refuse(out_dir, spec, relation, what)
+    if is_glob and (
+        _glob_reads_folder(spec, base_dir, Path(os.path.normpath(out_dir)))
+        or _glob_reads_folder(spec, base_dir, out_real)
+    ):
+        _refuse(out_dir, spec, "lies inside", "the folders the input glob reads")
+
+
+def _refuse(out_dir: Path, spec: str, relation: str, what: str) -> None:
+    raise InputError(
+        f"output.path {out_dir} {relation} {what} (input.path '{spec}'); output shards "
+        "are named after input shards and --restart deletes them, so the output folder "
+        "must lie outside the input set: choose another output.path"
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class ShardInfo:
-    """What the footer of one input shard says: rows, the id type and the passthrough fields."""
+    """What the footer of one input shard says: rows, the id type and the passthrough fields,
+    plus the file's identity: its size in bytes and the sha256 of its Parquet footer (the
+    footer holds every row group's offsets, sizes and statistics, so an edit in place or
+    another file under the same name changes it)."""
 
     path: Path
     name: str
     num_rows: int
     id_type: pa.DataType
     passthrough: pa.Schema
+    size: int
+    footer_hash: str
+
+    def identity(self) -> InputIdentity:
+        """The identity recorded for the shard (manifest and output metadata)."""
+        return InputIdentity(str(self.path), self.size, self.num_rows, self.footer_hash)
+
+
+def _footer_identity(path: Path) -> tuple[int, str]:
+    """(size in bytes, sha256 hex of the footer) of a Parquet file: the footer is the last
+    ``8 + length`` bytes (``<metadata><length: u32 le>PAR1``). Raises OSError or ValueError."""
+    with path.open("rb") as handle:
+        size = handle.seek(0, os.SEEK_END)
+        if size < 12:
+            raise ValueError("too short for a Parquet file")
+        handle.seek(size - 8)
+        tail = handle.read(8)
+        length = int.from_bytes(tail[:4], "little")
+        if tail[4:] != b"PAR1" or length > size - 12:
+            raise ValueError("no Parquet footer at the end of the file")
+        handle.seek(size - 8 - length)
+        footer = handle.read(length)
+    return size, hashlib.sha256(footer + tail).hexdigest()
 
 
 def _is_string(t: pa.DataType) -> bool:
@@ -148,8 +244,9 @@ def inspect_shard(path: Path, columns: ColumnMap) -> ShardInfo:
         with pq.ParquetFile(path) as parquet_file:
             schema = parquet_file.schema_arrow
             num_rows = parquet_file.metadata.num_rows
-    except (OSError, pa.ArrowException) as exc:
-        raise InputError(f"{path}: not a readable Parquet file ({exc})") from exc
+        size, footer_hash = _footer_identity(path)
+    except (OSError, ValueError, pa.ArrowException) as exc:
+        raise ShardReadError(f"{path}: not a readable Parquet file ({exc})") from exc
 
     id_field = _check_column(path, schema, "id", columns.id)
     if not (pa.types.is_integer(id_field.type) or _is_string(id_field.type)):
@@ -184,7 +281,13 @@ def inspect_shard(path: Path, columns: ColumnMap) -> ShardInfo:
         [_check_column(path, schema, "passthrough", name) for name in columns.passthrough]
     )
     return ShardInfo(
-        path=path, name=path.name, num_rows=num_rows, id_type=id_field.type, passthrough=passthrough
+        path=path,
+        name=path.name,
+        num_rows=num_rows,
+        id_type=id_field.type,
+        passthrough=passthrough,
+        size=size,
+        footer_hash=footer_hash,
     )
 
 
@@ -203,14 +306,14 @@ def iter_shard_batches(path: Path, columns: ColumnMap, batch_rows: int) -> Itera
     try:
         parquet_file = pq.ParquetFile(path, pre_buffer=False, buffer_size=_STREAM_BUFFER_BYTES)
     except (OSError, pa.ArrowException) as exc:
-        raise InputError(f"{path}: not a readable Parquet file ({exc})") from exc
+        raise ShardReadError(f"{path}: not a readable Parquet file ({exc})") from exc
     with parquet_file:
         batches = parquet_file.iter_batches(batch_size=batch_rows, columns=names, use_threads=False)
         while True:
             try:
                 batch = next(batches, None)
             except (OSError, pa.ArrowException) as exc:
-                raise InputError(
+                raise ShardReadError(
                     f"{path}: reading failed after row {num_rows_read} ({exc})"
                 ) from exc
             if batch is None:

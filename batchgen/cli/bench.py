@@ -6,6 +6,7 @@ comparable even on a shared, noisy machine. Figures come out as a table and as J
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from collections.abc import Sequence
@@ -45,7 +46,12 @@ class BenchResult:
     cached_prompt_tokens: int
     num_preemptions: int
     peak_kv_blocks_used: int
+    output_digest: str  # sha256 of every request's output token ids, in request order
     workload: str = "sharegpt"
+
+
+def _digest(outputs: Sequence[Sequence[int]]) -> str:
+    return hashlib.sha256(json.dumps([list(o) for o in outputs]).encode()).hexdigest()
 
 
 def _run_mode(
@@ -88,15 +94,15 @@ def _run_engine(
 ) -> BenchResult:
     """Queue every prompt, step until done; wall time covers the steps only."""
     index = {}
+    collected: dict[int, tuple[int, ...]] = {} if outputs is None else outputs
     for i, (token_ids, request_params) in enumerate(zip(prompts, params, strict=True)):
         index[engine.add_request(list(token_ids), request_params)] = i
     bar = tqdm(total=len(prompts), desc=f"bench {desc}", unit="req", disable=not use_tqdm)
     start = time.perf_counter()
     while engine.has_unfinished():
         done = engine.step()
-        if outputs is not None:
-            for out in done:
-                outputs[index[out.request_id]] = out.outputs[0].token_ids
+        for out in done:
+            collected[index[out.request_id]] = out.outputs[0].token_ids
         bar.update(len(done))
     wall = time.perf_counter() - start
     bar.close()
@@ -115,6 +121,7 @@ def _run_engine(
         cached_prompt_tokens=stats.cached_prompt_tokens,
         num_preemptions=stats.num_preemptions,
         peak_kv_blocks_used=stats.peak_kv_blocks_used,
+        output_digest=_digest([collected[i] for i in range(len(prompts))]),
     )
 
 
@@ -149,6 +156,7 @@ def _run_transformers(
     eos = set(checkpoint.config.eos_token_ids)
     pad = next(iter(eos)) if eos else 0
     output_tokens = 0
+    generated: list[list[int]] = []
     bar = tqdm(total=len(prompts), desc="bench transformers", unit="req", disable=not use_tqdm)
     start = time.perf_counter()
     for b in range(0, len(prompts), batch_size):
@@ -168,6 +176,7 @@ def _run_transformers(
                 if token in eos:
                     break
             output_tokens += useful
+            generated.append(row[:useful])
         bar.update(len(batch))
     wall = time.perf_counter() - start
     bar.close()
@@ -185,6 +194,7 @@ def _run_transformers(
         cached_prompt_tokens=0,
         num_preemptions=0,
         peak_kv_blocks_used=0,
+        output_digest=_digest(generated),
     )
 
 

@@ -105,6 +105,9 @@ def _run(args: argparse.Namespace) -> int:
     except JobError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    except OSError as exc:  # a file-system failure no layer put into words: still one message
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     print(summary.table())
     return 0
 

@@ -31,12 +31,20 @@ Layout (every key but ``input.path`` and ``output.path`` is optional; defaults s
       max_model_len: null
       dtype: null               # float32 | float16 | bfloat16 (null: the device's default)
       device: null              # cpu | cuda | cuda:1 (null: cuda when available)
-    seed: 0                     # job seed; each row's seed derives from it, the id and the sample
+    seed: 0                     # job seed: each row's seed derives from it and the row id (and
+                                #   each sample's from the row seed and the sample index), so rows
+                                #   get different, reproducible noise. `sampling.seed`, if set,
+                                #   replaces every row's seed: all rows then draw the SAME noise.
+                                #   Ids repeated across shards get the same seed (counted in the
+                                #   summary as `rows.duplicate_ids_across_shards`).
     prompt_too_long: error      # error | truncate_left | truncate_right
     order: prefix               # prefix (group shared prefixes) | input
     window_rows: 1024           # rows reordered together when order is prefix
     max_error_rate: 0.5         # stop when error rows / rows done exceeds it ...
     min_rows_for_error_rate: 100  # ... after at least this many rows
+    on_bad_shard: fail          # fail | skip: an unreadable input shard (bad footer, corrupt row
+                                #   group) stops the job, or is skipped and recorded with its
+                                #   error in manifest.json and summary.json (`bad_shards`)
     executor: local             # local (ray is not available yet)
 
 Invariants:
@@ -68,12 +76,14 @@ __all__ = [
     "IoConfig",
     "JobConfig",
     "JobConfigError",
+    "OnBadShard",
     "Order",
     "PromptTooLong",
 ]
 
 PromptTooLong = Literal["error", "truncate_left", "truncate_right"]
 Order = Literal["prefix", "input"]
+OnBadShard = Literal["fail", "skip"]
 Executor = Literal["local", "ray"]
 
 _MAX_SEED = 2**63 - 1
@@ -137,6 +147,7 @@ class JobConfig:
     window_rows: int = 1024
     max_error_rate: float = 0.5
     min_rows_for_error_rate: int = 100
+    on_bad_shard: OnBadShard = "fail"
     executor: Executor = "local"
 
     def __post_init__(self) -> None:
@@ -155,6 +166,7 @@ class JobConfig:
         if not isinstance(rate, int | float) or isinstance(rate, bool) or not 0 <= rate <= 1:
             raise ValueError(f"max_error_rate: expected a number in [0, 1], got {rate!r}")
         check_int("min_rows_for_error_rate", self.min_rows_for_error_rate, minimum=0)
+        _expect_choice("on_bad_shard", self.on_bad_shard, get_args(OnBadShard))
         _expect_choice("executor", self.executor, get_args(Executor))
         if self.executor == "ray":
             raise ValueError("executor 'ray' is not available yet; use executor: local")
@@ -166,11 +178,12 @@ class JobConfig:
 
     def fingerprint_fields(self) -> dict[str, Any]:
         """The JSON-able settings that change output rows (stored in the manifest; a resumed
-        job must match them): model as written, columns, all sampling fields, seed,
-        prompt_too_long, runner dtype and max_model_len, the optional output columns."""
+        job must match them): columns, all sampling fields, seed, prompt_too_long, runner dtype
+        and max_model_len, the optional output columns. The model is fingerprinted by its
+        contents (`Checkpoint.fingerprint`), not by the path written here, so a copied model
+        folder resumes."""
         columns = self.io.columns
         return {
-            "model": self.model,
             "columns": {
                 "id": columns.id,
                 "prompt": columns.prompt,

@@ -40,6 +40,7 @@ _TOP_KEYS = (
     "window_rows",
     "max_error_rate",
     "min_rows_for_error_rate",
+    "on_bad_shard",
     "executor",
 )
 _INPUT_KEYS = ("path", "columns", "batch_rows")

@@ -8,6 +8,7 @@ shard; the result is the input table with the output columns appended, rows in i
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
+from datetime import datetime
 from typing import Any
 
 import pyarrow as pa
@@ -45,6 +46,9 @@ class _TableSink:
 
     def commit(self, shard: ShardMeta, stats: ShardStats) -> None:
         pass  # nothing to make durable in memory
+
+    def discard(self, shard: ShardMeta) -> None:
+        self.batches.clear()  # the table is the only shard
 
     def abort(self) -> None:
         self.batches.clear()
@@ -114,6 +118,7 @@ def generate(
         max_model_len=engine.max_model_len,
         prompt_too_long=prompt_too_long,  # type: ignore[arg-type]
         job_seed=seed,
+        now=datetime.now(),
     )
     passthrough_schema = pa.schema([])
     schema = output_schema(pa.int64(), passthrough_schema, with_token_ids=include_token_ids, with_logprobs=include_logprobs)

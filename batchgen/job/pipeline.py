@@ -26,11 +26,10 @@ from anyio.streams.memory import MemoryObjectReceiveStream
 from batchgen.engine.llm_engine import LLMEngine
 from batchgen.engine.outputs import RequestOutput
 from batchgen.engine.seeding import derive_seed
-from batchgen.io import OutputRow
+from batchgen.io import OutputRow, ShardReadError
 from batchgen.job.prepare import PreparedRow, RowError, RowPreparer
 from batchgen.job.shard_assembly import write_stage
 from batchgen.job.stages import (
-    JobError,
     PipelineOptions,
     PipelineStats,
     Progress,
@@ -121,7 +120,7 @@ async def run_pipeline(
     committed = False
     try:
         async with anyio.create_task_group() as tg:
-            tg.start_soon(_read, source, shards, options, send_batches)
+            tg.start_soon(_read, source, shards, options, stats, send_batches)
             tg.start_soon(_prepare, preparer, options, recv_batches, send_rows)
             tg.start_soon(_order, options, stats, recv_rows, send_windows)
             tg.start_soon(_engine_loop, engine, options, progress, recv_windows, send_results)
@@ -141,25 +140,42 @@ async def run_pipeline(
 
 
 async def _read(
-    source: Source, shards: Sequence[ShardMeta], options: PipelineOptions, send: ObjectSendStream[_Batch]
+    source: Source,
+    shards: Sequence[ShardMeta],
+    options: PipelineOptions,
+    stats: PipelineStats,
+    send: ObjectSendStream[_Batch],
 ) -> None:
+    """Stream each shard's batches. An unreadable shard stops the job, or under
+    ``on_bad_shard: skip`` goes into `stats.bad_shards` (the write stage then drops it)."""
     async with send:
         for shard in shards:
-            it = source.iter_batches(shard)
-            first = 0
             try:
-                while True:
-                    batch = await anyio.to_thread.run_sync(next, it, None)
-                    if batch is None:
-                        break
-                    await send.send(_Batch(shard, first, batch))
-                    first += batch.num_rows
-            finally:
-                close: Callable[[], None] | None = getattr(it, "close", None)
-                if close is not None:
-                    close()
-            if first != shard.num_rows:
-                raise JobError(f"{shard.input_path}: read {first} rows, the file's footer says {shard.num_rows}")
+                await _read_shard(source, shard, send)
+            except ShardReadError as exc:
+                if options.on_bad_shard != "skip":
+                    raise
+                stats.bad_shards[shard.name] = str(exc)
+
+
+async def _read_shard(source: Source, shard: ShardMeta, send: ObjectSendStream[_Batch]) -> None:
+    it = source.iter_batches(shard)
+    first = 0
+    try:
+        while True:
+            batch = await anyio.to_thread.run_sync(next, it, None)
+            if batch is None:
+                break
+            await send.send(_Batch(shard, first, batch))
+            first += batch.num_rows
+    finally:
+        close: Callable[[], None] | None = getattr(it, "close", None)
+        if close is not None:
+            close()
+    if first != shard.num_rows:
+        raise ShardReadError(
+            f"{shard.input_path}: read {first} rows, the file's footer says {shard.num_rows}"
+        )
 
 
 def _column(batch: pa.RecordBatch, name: str | None) -> list[Any] | None:

@@ -4,22 +4,44 @@ A row never kills the job: a null, empty or non-string prompt, malformed message
 template failure, invalid per-row sampling parameters, a duplicate id or a prompt too long for the
 context become a `PreparedRow` with an `error` (code and message), and the job goes on.
 Pure over Python values and a tokenizer; no torch, no Parquet.
+
+Length policy (``prompt_too_long``) for a prompt longer than ``max_model_len - 1`` tokens:
+``error`` makes it an error row; ``truncate_left`` / ``truncate_right`` keep the last / first
+``max_model_len - max_tokens`` tokens, so that the whole generation fits, and give an error row
+when that leaves no room at all. Chats are truncated by whole messages (the oldest non-system
+messages for ``truncate_left``, the newest ones for ``truncate_right``, leaving a user message
+last), so the template's role headers, the generation prompt included, are never cut.
+
+Chat templates see ``strftime_now`` at the job's pinned time (`RowPreparer` ``now``), so a
+resumed job renders the same prompts on another day.
+
+Ids: a repeated id within a shard is an error row (``duplicate_id``); an id already seen in
+another shard of the run is kept (it is a valid row) and counted in
+`RowPreparer.num_duplicate_ids_across_shards`, from a set of 64-bit id hashes capped at
+`MAX_TRACKED_IDS` entries (`num_ids_tracked` says how many were checked).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, Literal
 
 import xxhash
 
 from batchgen.engine.sampling_params import SamplingParams
 from batchgen.engine.seeding import derive_seed
-from batchgen.tokenizer.chat_template import ChatTemplateError, validate_messages
+from batchgen.tokenizer.chat_template import (
+    ChatTemplateError,
+    render_chat_template,
+    validate_messages,
+)
 from batchgen.tokenizer.tokenizer import Tokenizer
 
-__all__ = ["PreparedRow", "RowError", "RowPreparer", "row_seed"]
+__all__ = ["MAX_TRACKED_IDS", "PreparedRow", "RowError", "RowPreparer", "id_hash", "row_seed"]
+
+MAX_TRACKED_IDS = 4_000_000  # ~70 bytes each in a Python set: a few hundred MB at most
 
 LengthPolicy = Literal["error", "truncate_left", "truncate_right"]
 
@@ -49,6 +71,12 @@ class PreparedRow:
     error: RowError | None = None
 
 
+def id_hash(row_id: int | str) -> int:
+    """A 64-bit hash of a row id; an integer and its decimal string hash differently."""
+    tag = b"i" if isinstance(row_id, int) else b"s"
+    return xxhash.xxh64_intdigest(tag + str(row_id).encode("utf-8"))
+
+
 def row_seed(job_seed: int, row_id: int | str) -> int:
     """The base seed of a row, from the job seed and the row id (stable across runs)."""
     key = row_id if isinstance(row_id, int) else xxhash.xxh64_intdigest(row_id.encode("utf-8"))
@@ -56,7 +84,8 @@ def row_seed(job_seed: int, row_id: int | str) -> int:
 
 
 class RowPreparer:
-    """Turns column values into PreparedRows. Holds the per-shard set of ids seen."""
+    """Turns column values into PreparedRows. Holds the per-shard set of ids seen and the
+    run's set of id hashes (see the module docstring). `now` is the time chat templates see."""
 
     def __init__(
         self,
@@ -66,13 +95,22 @@ class RowPreparer:
         max_model_len: int,
         prompt_too_long: LengthPolicy,
         job_seed: int,
+        now: datetime,
     ) -> None:
         self._tokenizer = tokenizer
         self._sampling = sampling
         self._max_model_len = max_model_len
         self._policy = prompt_too_long
         self._job_seed = job_seed
+        self._now = now
         self._seen_ids: dict[int, set[int | str]] = {}
+        self._job_id_hashes: set[int] = set()
+        self.num_duplicate_ids_across_shards = 0
+
+    @property
+    def num_ids_tracked(self) -> int:
+        """Distinct id hashes checked for duplicates across shards (at most MAX_TRACKED_IDS)."""
+        return len(self._job_id_hashes)
 
     def forget_shard(self, shard: int) -> None:
         self._seen_ids.pop(shard, None)
@@ -125,7 +163,10 @@ class RowPreparer:
             chat = messages is not None
             encoded = self._tokenizer.encode_batch(texts, add_special_tokens=not chat)
             for (i, params), token_ids in zip(pending, encoded, strict=True):
-                ids_, error = self._apply_length_policy(list(token_ids), params)
+                if chat and messages is not None:
+                    ids_, error = self._chat_length_policy(list(token_ids), list(messages[i]), params)
+                else:
+                    ids_, error = self._apply_length_policy(list(token_ids), params)
                 row = rows[i]
                 rows[i] = PreparedRow(
                     shard=row.shard,
@@ -152,6 +193,11 @@ class RowPreparer:
         if row_id in seen:
             return row_id, RowError("duplicate_id", f"id {row_id!r} appears more than once in this shard")
         seen.add(row_id)
+        key = id_hash(row_id)
+        if key in self._job_id_hashes:
+            self.num_duplicate_ids_across_shards += 1
+        elif len(self._job_id_hashes) < MAX_TRACKED_IDS:
+            self._job_id_hashes.add(key)
         return row_id, None
 
     def _params(self, value: Any) -> tuple[SamplingParams | None, RowError | None]:
@@ -188,27 +234,89 @@ class RowPreparer:
         except ChatTemplateError as exc:
             return None, RowError("invalid_messages", str(exc))
         try:
-            return self._tokenizer.apply_chat_template(list(value), add_generation_prompt=True), None
+            return self._chat_text(list(value)), None
         except ChatTemplateError as exc:
             return None, RowError("chat_template_error", str(exc))
+
+    def _chat_text(self, messages: list[Any]) -> str:
+        """The prompt text of `messages` with the generation prompt, at the pinned time."""
+        tok = self._tokenizer
+        if tok.chat_template is None:
+            raise ChatTemplateError("the tokenizer has no chat template")
+        return render_chat_template(
+            tok.chat_template,
+            messages,
+            add_generation_prompt=True,
+            bos_token=tok.bos_token,
+            eos_token=tok.eos_token,
+            strftime_now=self._now.strftime,
+        )
+
+    def _budget(self, num_tokens: int, params: SamplingParams) -> tuple[int | None, RowError | None]:
+        """(None, None) when a prompt of `num_tokens` fits; else the number of tokens the
+        policy keeps, or the error row."""
+        limit = self._max_model_len - 1  # room for at least one generated token
+        if num_tokens <= limit:
+            return None, None
+        if self._policy == "error":
+            return None, RowError(
+                "prompt_too_long",
+                f"the prompt has {num_tokens} tokens; max_model_len={self._max_model_len} leaves room for {limit}",
+            )
+        keep = min(limit, self._max_model_len - params.max_tokens)
+        if keep < 1:
+            return None, RowError(
+                "prompt_too_long",
+                f"the prompt has {num_tokens} tokens and {self._policy} keeps max_model_len - "
+                f"max_tokens = {self._max_model_len} - {params.max_tokens}, which leaves no room "
+                "for the prompt; lower max_tokens",
+            )
+        return keep, None
 
     def _apply_length_policy(
         self, token_ids: list[int], params: SamplingParams
     ) -> tuple[list[int], RowError | None]:
-        limit = self._max_model_len - 1  # room for at least one generated token
         if not token_ids:
             return token_ids, RowError("invalid_prompt", "the prompt encodes to no tokens")
-        if len(token_ids) <= limit:
-            return token_ids, None
-        if self._policy == "error":
-            return token_ids, RowError(
-                "prompt_too_long",
-                f"the prompt has {len(token_ids)} tokens; max_model_len={self._max_model_len} leaves room for {limit}",
-            )
-        keep = max(1, min(limit, self._max_model_len - params.max_tokens))
+        keep, error = self._budget(len(token_ids), params)
+        if keep is None:
+            return token_ids, error
         if self._policy == "truncate_left":
             return token_ids[len(token_ids) - keep :], None
         return token_ids[:keep], None
+
+    def _chat_length_policy(
+        self, token_ids: list[int], messages: list[Any], params: SamplingParams
+    ) -> tuple[list[int], RowError | None]:
+        """Drop whole messages until the rendered chat fits the policy's budget (module
+        docstring); an error row when only system messages, or nothing, would remain."""
+        if not token_ids:
+            return token_ids, RowError("invalid_prompt", "the prompt encodes to no tokens")
+        keep, error = self._budget(len(token_ids), params)
+        if keep is None:
+            return token_ids, error
+        num_system = 0
+        while num_system < len(messages) and messages[num_system].get("role") == "system":
+            num_system += 1
+        system, rest = messages[:num_system], messages[num_system:]
+        while len(rest) > 1:
+            if self._policy == "truncate_left":
+                rest = rest[1:]
+            else:
+                rest = rest[:-1]
+                while len(rest) > 1 and rest[-1].get("role") == "assistant":
+                    rest = rest[:-1]
+            try:
+                ids = self._tokenizer.encode(self._chat_text(system + rest), add_special_tokens=False)
+            except ChatTemplateError as exc:  # e.g. a template that insists on alternation
+                return token_ids, RowError("chat_template_error", f"after truncation: {exc}")
+            if len(ids) <= keep:
+                return ids, None
+        return token_ids, RowError(
+            "prompt_too_long",
+            f"the chat has {len(token_ids)} tokens; {self._policy} drops whole messages but "
+            f"even one message with the system prompt exceeds max_model_len - max_tokens = {keep}",
+        )
 
 
 def _as_dict(params: SamplingParams) -> dict[str, Any]:

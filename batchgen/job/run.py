@@ -3,15 +3,22 @@
 Exactly-once: an output shard exists whole or not at all (temporary file, fsync, rename). The
 output file is the truth; the manifest records the configuration fingerprint and per-shard
 figures. A run killed after a rename but before the manifest save is reconciled on the next run
-by reading the committed file back.
+by reading the committed file back (`batchgen.job.resume`).
+
+Setup (exit code 2 in the CLI: `InputError`, `ConfigChangedError`) happens before anything in
+the output folder changes: inputs listed and checked, the output folder checked to lie outside
+the input set, then locked for the whole run (`OutputLock`), the device and the model checked
+and loaded, the manifest opened. Failures after that are `JobError` (exit code 1), with the
+uncommitted outputs removed.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -21,31 +28,35 @@ from batchgen import __version__
 from batchgen.engine.llm_engine import LLMEngine
 from batchgen.io import (
     InputError,
+    InputIdentity,
     Manifest,
+    OutputLock,
     OutputRow,
     OutputShardWriter,
+    ShardInfo,
+    ShardReadError,
     check_output_dir,
+    check_output_outside_inputs,
     clean_temp_files,
     inspect_shard,
     iter_shard_batches,
     list_input_shards,
     output_schema,
     rows_to_batch,
+    shard_metadata,
     summarize_output_shard,
     write_json_atomic,
 )
 from batchgen.job.config import JobConfig
 from batchgen.job.pipeline import run_pipeline_sync
-from batchgen.job.prepare import RowPreparer
+from batchgen.job.prepare import MAX_TRACKED_IDS, RowPreparer
+from batchgen.job.resume import ConfigChangedError, bad_shard, open_manifest, plan_resume
+from batchgen.job.setup import check_device, load_model
 from batchgen.job.shard_assembly import achieved_hit_rate, ideal_hit_rate
 from batchgen.job.stages import JobError, PipelineOptions, PipelineStats, ShardMeta, ShardStats
-from batchgen.models.checkpoint import Checkpoint, load_checkpoint
+from batchgen.models.checkpoint import Checkpoint
 
 __all__ = ["ConfigChangedError", "JobSummary", "build_engine", "run_job"]
-
-
-class ConfigChangedError(JobError):
-    """The output folder belongs to another configuration (resume refused)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +70,10 @@ class JobSummary:
             f"{'shards':<28}{d['shards']['committed_this_run']} committed, {d['shards']['skipped']} already done",
             f"{'rows':<28}{d['rows']['total']} ({', '.join(f'{k} {v}' for k, v in sorted(d['rows']['by_status'].items())) or 'none'})",
         ]
+        if d["bad_shards"]:
+            lines.append(f"{'bad shards (skipped)':<28}{', '.join(sorted(d['bad_shards']))}")
+        if d["rows"]["duplicate_ids_across_shards"]:
+            lines.append(f"{'ids repeated across shards':<28}{d['rows']['duplicate_ids_across_shards']}")
         if d["rows"]["error_codes"]:
             codes = ", ".join(f"{k} {v}" for k, v in sorted(d["rows"]["error_codes"].items()))
             lines.append(f"{'errors by code':<28}{codes}")
@@ -77,13 +92,18 @@ class JobSummary:
 
 
 def build_engine(config: JobConfig, checkpoint: Checkpoint) -> LLMEngine:
-    return LLMEngine(
-        checkpoint,
-        scheduler_config=config.scheduler,
-        cache_config=config.cache,
-        runner_config=config.runner,
-        seed=config.seed,
-    )
+    """The job's engine. Raises InputError naming the job file's `engine` section when the
+    engine cannot be built from these settings (sizes, memory, device)."""
+    try:
+        return LLMEngine(
+            checkpoint,
+            scheduler_config=config.scheduler,
+            cache_config=config.cache,
+            runner_config=config.runner,
+            seed=config.seed,
+        )
+    except (ValueError, RuntimeError) as exc:
+        raise InputError(f"{config.source}: engine: {exc}") from exc
 
 
 class _FileSource:
@@ -99,10 +119,23 @@ class _FileSource:
 
 
 class _FileSink:
-    def __init__(self, out_dir: Path, manifest: Manifest, config: JobConfig) -> None:
+    """Output shards as files. Each file carries the fingerprint's digest and its input's
+    identity in its Parquet metadata. An OSError (disk full, ...) becomes a JobError naming the
+    file; the pipeline then aborts every uncommitted shard."""
+
+    def __init__(
+        self,
+        out_dir: Path,
+        manifest: Manifest,
+        config: JobConfig,
+        fingerprint: Mapping[str, Any],
+        identities: Mapping[str, InputIdentity],
+    ) -> None:
         self._out_dir = out_dir
         self._manifest = manifest
         self._config = config
+        self._fingerprint = fingerprint
+        self._identities = identities
         self._writers: dict[int, OutputShardWriter] = {}
         self._schemas: dict[int, pa.Schema] = {}
 
@@ -114,29 +147,38 @@ class _FileSink:
                 shard.passthrough,
                 with_token_ids=self._config.io.include_token_ids,
                 with_logprobs=self._config.io.include_logprobs,
-            )
+            ).with_metadata(shard_metadata(self._fingerprint, self._identities[shard.name]))
             self._schemas[shard.index] = schema
             writer = OutputShardWriter(self._out_dir, shard.name, schema)
             self._writers[shard.index] = writer
         return writer
 
     def write(self, shard: ShardMeta, rows: Sequence[OutputRow]) -> None:
-        writer = self._writer(shard)
-        writer.write(rows_to_batch(rows, self._schemas[shard.index]))
+        try:
+            writer = self._writer(shard)
+            writer.write(rows_to_batch(rows, self._schemas[shard.index]))
+        except OSError as exc:
+            raise JobError(f"{self._out_dir / shard.name}: cannot write the output shard: {exc}") from exc
 
     def commit(self, shard: ShardMeta, stats: ShardStats) -> None:
-        writer = self._writer(shard)
-        path = writer.commit()
-        del self._writers[shard.index]
-        # The record comes from the committed file, exactly as a resumed run rebuilds it for a
-        # shard whose manifest save was lost (ShardRecord counts over output rows).
-        record = summarize_output_shard(
-            path, input_path=shard.input_path, num_input_rows=shard.num_rows
-        )
-        self._manifest.mark_committed(
-            shard.name,
-            dataclasses.replace(record, wall_s=round(time.perf_counter() - stats.started, 3)),
-        )
+        try:
+            writer = self._writer(shard)
+            path = writer.commit()
+            del self._writers[shard.index]
+            # The record comes from the committed file, exactly as a resumed run rebuilds it
+            # for a shard whose manifest save was lost (ShardRecord counts over output rows).
+            record = summarize_output_shard(path, input=self._identities[shard.name])
+            self._manifest.mark_committed(
+                shard.name,
+                dataclasses.replace(record, wall_s=round(time.perf_counter() - stats.started, 3)),
+            )
+        except OSError as exc:
+            raise JobError(f"{self._out_dir / shard.name}: cannot commit the output shard: {exc}") from exc
+
+    def discard(self, shard: ShardMeta) -> None:
+        writer = self._writers.pop(shard.index, None)
+        if writer is not None:
+            writer.abort()
 
     def abort(self) -> None:
         for writer in self._writers.values():
@@ -154,85 +196,81 @@ def _fingerprint(config: JobConfig, checkpoint: Checkpoint) -> dict[str, Any]:
     }
 
 
-def _plan_shards(config: JobConfig) -> list[tuple[Path, Any]]:
+def _plan_shards(config: JobConfig) -> tuple[list[Path], list[ShardInfo], dict[str, Path]]:
+    """All input paths, the readable shards' infos, and (under ``on_bad_shard: skip``) the
+    shards whose footer cannot be read, by name. Schema problems always raise InputError."""
     paths = list_input_shards(config.io.input, config.base_dir)
-    return [(p, inspect_shard(p, config.io.columns)) for p in paths]
+    infos: list[ShardInfo] = []
+    unreadable: dict[str, Path] = {}
+    for path in paths:
+        try:
+            infos.append(inspect_shard(path, config.io.columns))
+        except ShardReadError:
+            if config.on_bad_shard != "skip":
+                raise
+            unreadable[path.name] = path
+    return paths, infos, unreadable
 
 
 def run_job(config: JobConfig, *, restart: bool = False, use_tqdm: bool = True) -> JobSummary:
-    """Raises InputError / JobError with a message for the user; other exceptions are bugs."""
+    """Run (or resume) the job. Raises InputError / ConfigChangedError for setup problems
+    (nothing in the output folder changed), JobError for a failure while running (nothing
+    partial committed); other exceptions are bugs."""
     start = time.perf_counter()
-    infos = _plan_shards(config)  # every input checked before any work
+    paths, infos, unreadable = _plan_shards(config)  # every input checked before any work
     out_dir = config.resolve_path(config.io.output)
+    check_output_outside_inputs(out_dir, config.io.input, config.base_dir, paths)
     check_output_dir(out_dir)
-    if config.model is not None and not config.resolve_path(config.model).exists():
-        raise InputError(f"{config.source}: model: {config.resolve_path(config.model)} does not exist")
-    model = str(config.resolve_path(config.model)) if config.model is not None else None
-    try:
-        checkpoint = load_checkpoint(model)
-    except (FileNotFoundError, ValueError) as exc:
-        raise InputError(f"{config.source}: model: {exc}") from exc
+    with OutputLock(out_dir):
+        return _run_locked(config, out_dir, infos, unreadable, restart, use_tqdm, start)
+
+
+def _run_locked(
+    config: JobConfig,
+    out_dir: Path,
+    infos: list[ShardInfo],
+    unreadable: dict[str, Path],
+    restart: bool,
+    use_tqdm: bool,
+    start: float,
+) -> JobSummary:
+    check_device(config)
+    checkpoint = load_model(config)
     fingerprint = _fingerprint(config, checkpoint)
-
-    manifest = Manifest.load(out_dir)
-    names = [info.name for _, info in infos]
-    if manifest is not None and not restart:
-        changes = manifest.diff_fingerprint(fingerprint)
-        if changes:
-            raise ConfigChangedError(
-                f"{out_dir / 'manifest.json'} was written by a different configuration:\n  "
-                + "\n  ".join(changes)
-                + "\nrun with --restart to discard the existing outputs, or use another output folder"
-            )
-    elif manifest is None and not restart:
-        existing = [n for n in names if (out_dir / n).exists()]
-        if existing:
-            raise ConfigChangedError(
-                f"{out_dir} already holds {', '.join(existing[:3])} but no manifest.json; "
-                "run with --restart to overwrite, or use another output folder"
-            )
-    if manifest is None or restart:
-        for name in names:
-            (out_dir / name).unlink(missing_ok=True)
-        manifest = Manifest.create(out_dir, fingerprint)
-    clean_temp_files(out_dir)
-
-    done = manifest.committed()
-    todo: list[ShardMeta] = []
-    skipped = 0
-    for path, info in infos:
-        if info.name in done and (out_dir / info.name).is_file():
-            # A committed shard whose file is gone (a --restart killed while deleting, a
-            # hand-deleted file) is generated again, never silently skipped.
-            skipped += 1
-            continue
-        if (out_dir / info.name).exists():
-            # Killed after the rename, before the manifest save: the file is whole; record it.
-            record = summarize_output_shard(out_dir / info.name, input_path=str(path), num_input_rows=info.num_rows)
-            manifest.mark_committed(info.name, record)
-            skipped += 1
-            continue
-        todo.append(
-            ShardMeta(
-                index=len(todo),
-                name=info.name,
-                num_rows=info.num_rows,
-                input_path=str(path),
-                id_type=info.id_type,
-                passthrough=info.passthrough,
-            )
-        )
-
+    names = sorted([info.name for info in infos] + list(unreadable))
     try:
-        engine = build_engine(config, checkpoint)
-    except ValueError as exc:
-        raise InputError(f"{config.source}: engine: {exc}") from exc
+        manifest = open_manifest(
+            out_dir,
+            fingerprint,
+            names,
+            restart=restart,
+            job_time=datetime.now().replace(microsecond=0).isoformat(),
+        )
+        clean_temp_files(out_dir)
+        plan = plan_resume(out_dir, manifest, fingerprint, infos, list(unreadable))
+        for name, path in unreadable.items():
+            manifest.mark_bad(name, bad_shard(path, f"{path}: unreadable Parquet footer"))
+    except OSError as exc:
+        raise InputError(f"output folder {out_dir}: {exc}") from exc
+    todo = [
+        ShardMeta(
+            index=i,
+            name=info.name,
+            num_rows=info.num_rows,
+            input_path=str(info.path),
+            id_type=info.id_type,
+            passthrough=info.passthrough,
+        )
+        for i, info in enumerate(plan.todo)
+    ]
+    engine = build_engine(config, checkpoint)
     preparer = RowPreparer(
         checkpoint.tokenizer,
         config.sampling,
         max_model_len=engine.max_model_len,
         prompt_too_long=config.prompt_too_long,
         job_seed=config.seed,
+        now=datetime.fromisoformat(manifest.job_time),
     )
     options = PipelineOptions(
         columns=config.io.columns,
@@ -244,15 +282,43 @@ def run_job(config: JobConfig, *, restart: bool = False, use_tqdm: bool = True) 
         include_token_ids=config.io.include_token_ids,
         include_logprobs=config.io.include_logprobs,
         use_tqdm=use_tqdm,
+        on_bad_shard=config.on_bad_shard,
     )
-    sink = _FileSink(out_dir, manifest, config)
+    identities = {info.name: info.identity() for info in plan.todo}
+    sink = _FileSink(out_dir, manifest, config, fingerprint, identities)
     stats = run_pipeline_sync(engine, preparer, _FileSource(config), sink, todo, options)
-    summary = make_summary(stats, time.perf_counter() - start, skipped=skipped)
-    write_json_atomic(out_dir / "summary.json", summary.data)
+    by_name = {info.name: info for info in plan.todo}
+    try:
+        for name, error in stats.bad_shards.items():
+            manifest.mark_bad(name, bad_shard(by_name[name], error))
+        recorded = manifest.bad_shards()
+        bad = {**plan.known_bad, **{n: recorded[n].error for n in unreadable}, **stats.bad_shards}
+        summary = make_summary(
+            stats,
+            time.perf_counter() - start,
+            skipped=len(plan.skipped),
+            bad_shards=bad,
+            duplicate_ids=preparer.num_duplicate_ids_across_shards,
+            ids_tracked=preparer.num_ids_tracked,
+        )
+        write_json_atomic(out_dir / "summary.json", summary.data)
+    except OSError as exc:
+        raise JobError(f"output folder {out_dir}: {exc}") from exc
     return summary
 
 
-def make_summary(stats: PipelineStats, wall_s: float, *, skipped: int) -> JobSummary:
+def make_summary(
+    stats: PipelineStats,
+    wall_s: float,
+    *,
+    skipped: int,
+    bad_shards: Mapping[str, str],
+    duplicate_ids: int,
+    ids_tracked: int,
+) -> JobSummary:
+    """The run's figures. `bad_shards` (name -> error) are the shards skipped as unreadable,
+    this run or before; `duplicate_ids` counts rows whose id another shard of this run already
+    had, checked over the first `ids_tracked` distinct ids (complete below MAX_TRACKED_IDS)."""
     engine = stats.engine
     prompt = engine.get("prompt_tokens", 0)
     output = engine.get("generation_tokens", 0)
@@ -261,11 +327,17 @@ def make_summary(stats: PipelineStats, wall_s: float, *, skipped: int) -> JobSum
             "wall_s": round(wall_s, 3),
             "pipeline_s": round(stats.wall_s, 3),
             "shards": {"committed_this_run": len(stats.committed_shards), "skipped": skipped},
+            "bad_shards": dict(sorted(bad_shards.items())),
             "rows": {
                 "total": stats.num_rows,
                 "output_rows": stats.num_output_rows,
                 "by_status": dict(stats.rows_by_status),
                 "error_codes": dict(stats.error_codes),
+                "duplicate_ids_across_shards": duplicate_ids,
+                "duplicate_id_check": {
+                    "ids_tracked": ids_tracked,
+                    "complete": ids_tracked < MAX_TRACKED_IDS,
+                },
             },
             "tokens": {
                 "prompt": stats.prompt_tokens,

@@ -60,14 +60,24 @@ async def write_stage(
             stats.committed_shards.append(shard.name)
             del states[shard.index]
 
+    async def drop_bad_shards() -> None:
+        # A shard whose input failed to read (on_bad_shard: skip) never completes: drop what
+        # it has written; rows of it still in flight are ignored when they arrive.
+        for index in [i for i in states if by_index[i].name in stats.bad_shards]:
+            del states[index]
+            await anyio.to_thread.run_sync(sink.discard, by_index[index])
+
     for shard in shards:
         if shard.num_rows == 0:
             await drain(shard, states[shard.index], final=True)
     async with recv:
         async for results in recv:
+            await drop_bad_shards()
             touched: set[int] = set()
             for result in results:
                 row = result.row
+                if row.shard not in states and by_index[row.shard].name in stats.bad_shards:
+                    continue  # its shard was dropped as unreadable
                 state = states[row.shard]
                 state.pending[row.row_idx] = result.outputs
                 _count(state.stats, stats, result)
@@ -78,6 +88,7 @@ async def write_stage(
                 shard = by_index[index]
                 state = states[index]
                 await drain(shard, state, final=state.next_row + len(state.pending) == shard.num_rows)
+    await drop_bad_shards()
     if states:
         missing = ", ".join(by_index[i].name for i in states)
         raise JobError(f"the pipeline ended before these shards were complete: {missing}")

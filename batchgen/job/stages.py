@@ -68,6 +68,10 @@ class Sink(Protocol):
         """Make the shard's output final. Blocking."""
         ...
 
+    def discard(self, shard: ShardMeta) -> None:
+        """Drop the uncommitted output of one shard (its input turned out unreadable)."""
+        ...
+
     def abort(self) -> None:
         """Drop every uncommitted output (nothing partial may remain)."""
         ...
@@ -84,6 +88,7 @@ class PipelineOptions:
     include_token_ids: bool
     include_logprobs: bool
     use_tqdm: bool = True
+    on_bad_shard: str = "fail"  # "fail" | "skip": what an unreadable input shard does
 
 
 @dataclass(slots=True)
@@ -101,6 +106,9 @@ class PipelineStats:
     ideal_prefill_tokens: int = 0
     engine: dict[str, int] = field(default_factory=dict)
     committed_shards: list[str] = field(default_factory=list)
+    # Shards skipped under on_bad_shard: skip, by name: the read error. Written by the read
+    # stage, read by the write stage (both on the event loop).
+    bad_shards: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

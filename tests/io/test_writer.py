@@ -136,3 +136,55 @@ def test_check_output_dir_probe_failure(tmp_path: Path, monkeypatch: pytest.Monk
         InputError, match=f"output folder {tmp_path} is not writable: Permission denied"
     ):
         check_output_dir(tmp_path)
+
+
+# --- durability order: fsync(file) -> rename -> fsync(folder) ----------------------------------
+
+
+def _record_durability_calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
+    """Patch os.fsync and os.replace to log ("fsync", path) and ("replace", "src -> dst")."""
+    calls: list[tuple[str, str]] = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd: int) -> None:
+        calls.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
+        real_fsync(fd)
+
+    def replace(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> None:
+        calls.append(("replace", f"{os.fspath(src)} -> {os.fspath(dst)}"))
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    return calls
+
+
+def test_shard_commit_fsyncs_the_file_then_renames_then_fsyncs_the_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    schema = pa.schema([("x", pa.int64())])
+    writer = OutputShardWriter(tmp_path, "part-0.parquet", schema)
+    writer.write(pa.record_batch([pa.array([1, 2])], schema=schema))
+    temp = writer.temp_path
+    calls = _record_durability_calls(monkeypatch)
+    writer.commit()
+    assert calls == [
+        ("fsync", str(temp)),
+        ("replace", f"{temp} -> {tmp_path / 'part-0.parquet'}"),
+        ("fsync", str(tmp_path)),
+    ]
+
+
+def test_manifest_save_fsyncs_the_file_then_renames_then_fsyncs_the_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from batchgen.io import Manifest
+
+    manifest = Manifest.create(tmp_path, {"seed": 0}, job_time="2026-01-01T00:00:00")
+    calls = _record_durability_calls(monkeypatch)
+    manifest.save()
+    assert [kind for kind, _ in calls] == ["fsync", "replace", "fsync"]
+    temp = calls[0][1]
+    assert Path(temp).parent == tmp_path and Path(temp).name.startswith(".manifest.json.tmp-")
+    assert calls[1] == ("replace", f"{temp} -> {tmp_path / 'manifest.json'}")
+    assert calls[2] == ("fsync", str(tmp_path))

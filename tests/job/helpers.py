@@ -13,7 +13,15 @@ KIND / ARG pick the moment (counts start at 1):
 - ``after_rename K``      the same rename, right after it (before the manifest is saved);
 - ``read SHARD``          when the reading of input shard SHARD starts;
 - ``unlink K``            right after the K-th deletion of a final ``*.parquet`` output shard
-                          (what ``--restart`` does to the old outputs).
+                          (what ``--restart`` does to the old outputs);
+- ``before_manifest_replace K`` / ``after_manifest_replace K``  around the K-th ``os.replace``
+                          onto ``manifest.json`` (the first is the manifest's creation);
+- ``sigint_wait K``       at the K-th `OutputShardWriter.write` of any shard: print ``ready``
+                          and wait for stdin to close before writing (the test sends SIGINT
+                          meanwhile; nothing is killed);
+- ``io K``                before the K-th I/O moment of any kind: an ``os.fsync``, an
+                          ``os.replace`` or an `OutputShardWriter.write` (the tests draw K with
+                          a fixed seed).
 
 Before killing, the wrapper writes the moment as JSON to NOTE ({"kind", "shard", "count"}), so
 the test knows which shard was hit. A kill that never happens lets the run finish (exit 0), which
@@ -238,6 +246,75 @@ def _patch_unlinks(note: Path, arg: str) -> None:
     pathlib.Path.unlink = unlink  # type: ignore[method-assign]
 
 
+def _patch_manifest_replace(note: Path, kind: str, arg: str) -> None:
+    real_replace = os.replace
+    wanted = int(arg)
+    count = 0
+
+    def replace(src: Any, dst: Any, **kwargs: Any) -> None:
+        nonlocal count
+        if Path(os.fsdecode(dst)).name != "manifest.json":
+            real_replace(src, dst, **kwargs)
+            return
+        count += 1
+        if count == wanted and kind == "before_manifest_replace":
+            _die(note, kind, "manifest.json", count)
+        real_replace(src, dst, **kwargs)
+        if count == wanted:
+            _die(note, kind, "manifest.json", count)
+
+    os.replace = replace
+
+
+def _patch_sigint_wait(arg: str) -> None:
+    from batchgen.io import writer
+
+    real_write = writer.OutputShardWriter.write
+    wanted = int(arg)
+    count = 0
+
+    def write(self: Any, batch: pa.RecordBatch) -> None:
+        nonlocal count
+        count += 1
+        if count == wanted:
+            print("ready", flush=True)
+            sys.stdin.read()  # until the test closes our stdin
+        real_write(self, batch)
+
+    writer.OutputShardWriter.write = write
+
+
+def _patch_io(note: Path, arg: str) -> None:
+    from batchgen.io import writer
+
+    wanted = int(arg)
+    count = 0
+
+    def moment(what: str) -> None:
+        nonlocal count
+        count += 1
+        if count == wanted:
+            _die(note, "io", what, count)
+
+    real_fsync, real_replace, real_write = os.fsync, os.replace, writer.OutputShardWriter.write
+
+    def fsync(fd: int) -> None:
+        moment("fsync")
+        real_fsync(fd)
+
+    def replace(src: Any, dst: Any, **kwargs: Any) -> None:
+        moment(f"replace {Path(os.fsdecode(dst)).name}")
+        real_replace(src, dst, **kwargs)
+
+    def write(self: Any, batch: pa.RecordBatch) -> None:
+        moment(f"write {self.final_path.name}")
+        real_write(self, batch)
+
+    os.fsync = fsync
+    os.replace = replace
+    writer.OutputShardWriter.write = write
+
+
 def _wrapper_main(argv: list[str]) -> int:
     note, kind, arg, *cli_args = argv
     if kind in ("write", "write_any"):
@@ -248,6 +325,12 @@ def _wrapper_main(argv: list[str]) -> int:
         _patch_reads(Path(note), arg)
     elif kind == "unlink":
         _patch_unlinks(Path(note), arg)
+    elif kind in ("before_manifest_replace", "after_manifest_replace"):
+        _patch_manifest_replace(Path(note), kind, arg)
+    elif kind == "io":
+        _patch_io(Path(note), arg)
+    elif kind == "sigint_wait":
+        _patch_sigint_wait(arg)
     else:
         raise SystemExit(f"kill wrapper: unknown kind {kind!r}")
     from batchgen.cli.main import main

@@ -107,7 +107,18 @@ def test_shards_in_shards_out(tmp_path: Path, model: Path, capsys: pytest.Captur
     assert summary["tokens"]["output"] == sum(
         r["usage"]["completion_tokens"] for t in outputs.values() for r in t.to_pylist()
     )
-    assert json.dumps(manifest)  # readable JSON
+    # the manifest lists every shard with the figures its output file holds
+    assert manifest["format"] == 2
+    assert sorted(manifest["shards"]) == sorted(outputs)
+    for name, table in outputs.items():
+        record = manifest["shards"][name]
+        rows = table.to_pylist()
+        assert record["input_path"] == str(tmp_path / "data" / name)
+        assert record["num_input_rows"] == table.num_rows // 2
+        assert record["num_output_rows"] == table.num_rows
+        assert record["rows_by_status"] == {"ok": len(rows), "error": 0}
+        assert record["completion_tokens"] == sum(r["usage"]["completion_tokens"] for r in rows)
+        assert record["prompt_tokens"] == sum(r["usage"]["prompt_tokens"] for r in rows)
 
     # A second run skips every shard and leaves the files untouched.
     mtimes = {p.name: p.stat().st_mtime_ns for p in (tmp_path / "out").glob("*.parquet")}

@@ -125,7 +125,6 @@ def test_minimal_job_defaults(tmp_path: Path) -> None:
 def test_fingerprint_fields(tmp_path: Path) -> None:
     config = load_job_config(_job_file(tmp_path, FULL_JOB))
     assert config.fingerprint_fields() == {
-        "model": "models/smol.gguf",
         "columns": {
             "id": "row_id",
             "prompt": None,
@@ -157,6 +156,9 @@ def test_fingerprint_fields(tmp_path: Path) -> None:
         ["order=prefix", "window_rows=64", "engine.max_num_seqs=8", "input.batch_rows=16"],
     )
     assert faster.fingerprint_fields() == config.fingerprint_fields()
+    # the model counts by its contents (run_job adds them), not by where it lies
+    moved = load_job_config(_job_file(tmp_path, FULL_JOB), ["model=copies/smol.gguf"])
+    assert moved.fingerprint_fields() == config.fingerprint_fields()
     # and `temperature: 0` fingerprints like `temperature: 0.0`
     zero = load_job_config(_job_file(tmp_path, MINIMAL_JOB), ["sampling.temperature=0"])
     zero_float = load_job_config(_job_file(tmp_path, MINIMAL_JOB), ["sampling.temperature=0.0"])

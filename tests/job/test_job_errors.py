@@ -21,6 +21,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
+import torch
 
 from batchgen.cli.main import main
 from tests.job.helpers import final_shards, read_outputs, temp_files, write_job
@@ -325,6 +326,36 @@ def _case_unknown_device(tmp: Path, model: Path) -> tuple[list[str], list[str]]:
     return [], [str(tmp / "job.yaml"), "engine.device", "'gpu'"]
 
 
+def _case_cuda_without_cuda(tmp: Path, model: Path) -> tuple[list[str], list[str]]:
+    _good_input(tmp)
+    write_job(tmp / "job.yaml", job_data(model, engine={"device": "cuda", "max_model_len": 256}))
+    return [], [str(tmp / "job.yaml"), "engine.device", "'cuda'", "no CUDA device"]
+
+
+def _case_triton_on_cpu(tmp: Path, model: Path) -> tuple[list[str], list[str]]:
+    _good_input(tmp)
+    engine = {"device": "cpu", "attention_backend": "triton", "max_model_len": 256}
+    write_job(tmp / "job.yaml", job_data(model, engine=engine))
+    return [], [str(tmp / "job.yaml"), "engine.attention_backend", "triton", "CPU"]
+
+
+def _case_model_garbage_gguf(tmp: Path, model: Path) -> tuple[list[str], list[str]]:
+    _good_input(tmp)
+    (tmp / "model.gguf").write_bytes(b"GGUF" + bytes(range(256)) * 8)
+    write_job(tmp / "job.yaml", job_data(tmp / "model.gguf"))
+    return [], [str(tmp / "job.yaml"), "model", str(tmp / "model.gguf"), "cannot be loaded"]
+
+
+def _case_model_truncated_weights(tmp: Path, model: Path) -> tuple[list[str], list[str]]:
+    _good_input(tmp)
+    broken = tmp / "broken-model"
+    shutil.copytree(model, broken)
+    weights = broken / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])
+    write_job(tmp / "job.yaml", job_data(broken))
+    return [], ["model", str(broken), "cannot be loaded"]
+
+
 JOB_ERRORS: dict[str, Case] = {
     "bad-yaml-syntax": _case_bad_yaml,
     "yaml-not-a-mapping": _case_not_a_mapping,
@@ -350,6 +381,10 @@ JOB_ERRORS: dict[str, Case] = {
     "model-file-not-gguf": _case_model_file_not_gguf,
     "max-model-len-over-model-limit": _case_max_model_len_over_model_limit,
     "unknown-device": _case_unknown_device,
+    "cuda-device-without-cuda": _case_cuda_without_cuda,
+    "triton-backend-on-cpu": _case_triton_on_cpu,
+    "model-garbage-gguf": _case_model_garbage_gguf,
+    "model-truncated-weights": _case_model_truncated_weights,
 }
 
 
@@ -357,6 +392,8 @@ JOB_ERRORS: dict[str, Case] = {
 def test_bad_job_fails_at_once_with_one_clear_message(
     case: str, tmp_path: Path, model_dir: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    if case == "cuda-device-without-cuda" and torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
     extra, mentions = JOB_ERRORS[case](tmp_path, model_dir)
     rc, out, err = run_job_file(tmp_path / "job.yaml", capsys, *extra)
     assert rc == 2, err
@@ -685,3 +722,52 @@ def test_ctrl_c_exits_130_and_leaves_nothing_partial(
     assert len(calls) == 2
     _assert_nothing_partial(tmp_path / "out", {"part-0.parquet": 24})
     assert final_shards(tmp_path / "out") == []
+
+
+# --- disk full: setup (exit 2) and while running (exit 1), nothing partial ---------------------
+
+
+def _no_space(*args: Any, **kwargs: Any) -> None:
+    raise OSError(28, "No space left on device")
+
+
+def test_disk_full_while_writing_a_shard_is_a_message_and_leaves_nothing_partial(
+    tmp_path: Path,
+    model_dir: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from batchgen.io import writer
+
+    write_shard(
+        tmp_path / "in",
+        "part-0.parquet",
+        {"id": pa.array(range(12), pa.int64()), "prompt": [f"Prompt {i}" for i in range(12)]},
+    )
+    write_job(tmp_path / "job.yaml", job_data(model_dir))
+    monkeypatch.setattr(writer.pq.ParquetWriter, "write_batch", _no_space)
+    rc, out, err = run_job_file(tmp_path / "job.yaml", capsys)
+    assert rc == 1, err
+    assert out == ""
+    assert_one_error(err, [str(tmp_path / "out" / "part-0.parquet"), "No space left on device"])
+    _assert_nothing_partial(tmp_path / "out", {"part-0.parquet": 12})
+    assert final_shards(tmp_path / "out") == []
+
+
+def test_disk_full_when_creating_the_manifest_is_a_setup_error(
+    tmp_path: Path,
+    model_dir: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from batchgen.io import manifest
+
+    _good_input(tmp_path)
+    write_job(tmp_path / "job.yaml", job_data(model_dir))
+    monkeypatch.setattr(manifest, "write_json_atomic", _no_space)
+    rc, out, err = run_job_file(tmp_path / "job.yaml", capsys)
+    assert rc == 2, err
+    assert out == ""
+    assert_one_error(err, [str(tmp_path / "out"), "No space left on device"])
+    assert final_shards(tmp_path / "out") == []
+    assert temp_files(tmp_path / "out") == []

@@ -16,8 +16,12 @@ Every job runs in a subprocess (OMP_NUM_THREADS=1, HF_HUB_OFFLINE=1, --threads 1
 from __future__ import annotations
 
 import json
+import os
 import random
 import shutil
+import signal
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -28,15 +32,20 @@ import pyarrow.parquet as pq
 import pytest
 
 from tests.job.helpers import (
+    KILL_WRAPPER,
     file_state,
     final_shards,
     make_prompt_shards,
     read_outputs,
     run_cli_subprocess,
+    subprocess_env,
     temp_files,
     write_job,
 )
 from tests.tiny_models import make_tiny_hf_folder
+
+# Subprocess-heavy / scale: `python -m pytest -m "not slow"` leaves them out while iterating.
+pytestmark = pytest.mark.slow
 
 NUM_SHARDS = 4
 ROWS_PER_SHARD = 40
@@ -170,12 +179,27 @@ def _random_write(job: Job) -> str:
     return str(random.Random(_KILL_SEED).randint(1, total - 1))
 
 
+def _random_io_moment(seed: int) -> Callable[[Job], str]:
+    # An I/O moment (fsync, rename, shard write) drawn with a fixed seed, after the manifest's
+    # creation (its 3 moments) and before the last moment the reference run surely made: one
+    # write per row group, then fsync + rename + folder fsync for each shard and for each
+    # manifest save after it.
+    def pick(job: Job) -> str:
+        writes = sum(_num_row_groups(p) for p in final_shards(job.folder / "out-ref"))
+        return str(random.Random(seed).randint(4, writes + 6 * NUM_SHARDS))
+
+    return pick
+
+
 KILL_POINTS: dict[str, tuple[str, Callable[[Job], str]]] = {
     "mid-shard-write": ("write", lambda job: f"{SHARD_NAMES[1]}:2"),
     "before-rename": ("before_rename", lambda job: "2"),
     "after-rename-before-manifest": ("after_rename", lambda job: "2"),
     "start-of-second-shard-read": ("read", lambda job: SHARD_NAMES[1]),
     "random-write": ("write_any", _random_write),
+    "before-manifest-replace": ("before_manifest_replace", lambda job: "3"),
+    "after-manifest-replace": ("after_manifest_replace", lambda job: "3"),
+    **{f"random-io-{seed}": ("io", _random_io_moment(seed)) for seed in (_KILL_SEED, 7, 99)},
 }
 
 
@@ -309,3 +333,36 @@ def test_changed_config_is_refused_then_restart_applies_it(
     assert sorted(manifest["shards"]) == SHARD_NAMES
     summary = json.loads((out_dir / "summary.json").read_text())
     assert summary["shards"] == {"committed_this_run": NUM_SHARDS, "skipped": 0}
+
+
+def test_a_real_sigint_exits_130_leaves_nothing_partial_and_resumes_exactly_once(
+    job: Job, reference: dict[str, pa.Table]
+) -> None:
+    out = "out-sigint"
+    out_dir = job.folder / out
+    with subprocess.Popen(
+        [sys.executable, str(KILL_WRAPPER), "-", "sigint_wait", "3", *RUN, "--set", f"output.path={out}"],
+        cwd=job.folder,
+        env=subprocess_env(),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    ) as proc:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "ready"  # mid-run: the third shard write
+        os.kill(proc.pid, signal.SIGINT)
+        _, stderr = proc.communicate(timeout=300)  # closes stdin: the write goes on
+    assert proc.returncode == 130, stderr
+    assert "interrupted" in stderr and "Traceback" not in stderr
+    assert temp_files(out_dir) == []
+    survivors = {p.name: file_state(p) for p in final_shards(out_dir)}
+    assert len(survivors) < NUM_SHARDS
+    for name, table in read_outputs(out_dir).items():
+        assert_same_rows(table, reference[name], f"{name} after the interrupt")
+
+    resumed = job.run(out)
+    assert resumed.returncode == 0, resumed.stderr
+    assert_finished_output(job, out_dir, reference)
+    for name, state in survivors.items():
+        assert file_state(out_dir / name) == state, f"{name} was rewritten"

@@ -18,6 +18,9 @@ from batchgen.radix import trie_token_count
 from batchgen.tokenizer.tokenizer import Tokenizer
 from tests.tiny_models import make_tiny_hf_folder
 
+# Subprocess-heavy / scale: `python -m pytest -m "not slow"` leaves them out while iterating.
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

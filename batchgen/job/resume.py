@@ -1,0 +1,186 @@
+"""Resume and restart: open (or reset) the manifest of an output folder and decide, shard by
+shard, what a run skips, adopts, regenerates or refuses.
+
+Invariants (the caller holds the output folder's lock for all of it):
+- A run resumes only outputs made from the same input data under the same configuration: the
+  manifest's fingerprint, each committed record's input identity, and each output file's own
+  metadata (fingerprint digest and input identity) must all match; otherwise
+  `ConfigChangedError` names the shard or the changed keys, before anything is deleted.
+- A committed shard's output file that is gone is generated again; an output file renamed into
+  place by a run killed before its manifest save is adopted when its metadata matches.
+- ``--restart`` deletes every shard the old manifest lists, every output named after an input
+  shard and every Parquet file in the folder that batchgen wrote (it carries our metadata), and
+  works when the old manifest is unreadable; files of other origin are left alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from batchgen.io import (
+    BadShard,
+    InputError,
+    InputIdentity,
+    Manifest,
+    ShardInfo,
+    fingerprint_digest,
+    fsync_path,
+    read_shard_metadata,
+    summarize_output_shard,
+)
+from batchgen.job.stages import JobError
+
+__all__ = ["ConfigChangedError", "ResumePlan", "bad_shard", "open_manifest", "plan_resume"]
+
+_RESTART_HINT = "run with --restart to discard the existing outputs, or use another output folder"
+
+
+class ConfigChangedError(JobError):
+    """The output folder belongs to another configuration or other input data (resume
+    refused)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ResumePlan:
+    """What this run does: generate `todo`; `skipped` are committed already; `known_bad` are
+    input shards a previous run found unreadable and that have not changed (name -> error)."""
+
+    todo: list[ShardInfo]
+    skipped: list[str]
+    known_bad: dict[str, str]
+
+
+def open_manifest(
+    out_dir: Path,
+    fingerprint: Mapping[str, Any],
+    input_names: Sequence[str],
+    *,
+    restart: bool,
+    job_time: str,
+) -> Manifest:
+    """The manifest this run continues, or a new one (`job_time` recorded) after clearing the
+    folder for ``--restart``. Raises ConfigChangedError when the stored fingerprint differs or
+    outputs exist without a manifest, InputError for an unreadable manifest (without restart)."""
+    if restart:
+        _clear_outputs(out_dir, input_names)
+        return Manifest.create(out_dir, fingerprint, job_time=job_time)
+    manifest = Manifest.load(out_dir)
+    if manifest is None:
+        existing = [n for n in input_names if (out_dir / n).exists()]
+        if existing:
+            raise ConfigChangedError(
+                f"{out_dir} already holds {', '.join(existing[:3])} but no manifest.json; "
+                "run with --restart to overwrite, or use another output folder"
+            )
+        return Manifest.create(out_dir, fingerprint, job_time=job_time)
+    changes = manifest.diff_fingerprint(fingerprint)
+    if changes:
+        raise ConfigChangedError(
+            f"{manifest.path} was written by a different configuration:\n  "
+            + "\n  ".join(changes)
+            + "\n"
+            + _RESTART_HINT
+        )
+    return manifest
+
+
+def _clear_outputs(out_dir: Path, input_names: Sequence[str]) -> None:
+    names = set(input_names)
+    try:
+        old = Manifest.load(out_dir)
+    except InputError:
+        old = None  # unreadable: restart discards it; the folder scan below finds our files
+    if old is not None:
+        names |= set(old.committed()) | set(old.bad_shards())
+    for path in out_dir.glob("*.parquet"):
+        if path.name.startswith(".") or not path.is_file() or path.name in names:
+            continue
+        try:
+            if read_shard_metadata(path) is not None:
+                names.add(path.name)
+        except InputError:
+            continue  # not a Parquet file batchgen wrote whole: not ours to delete
+    for name in sorted(names):
+        (out_dir / name).unlink(missing_ok=True)
+    fsync_path(out_dir)
+
+
+def _input_changed(name: str, old: InputIdentity, new: InputIdentity) -> str:
+    return (
+        f"output shard {name} was made from another input: {old.path} ({old.describe()}) "
+        f"then, {new.path} ({new.describe()}) now; {_RESTART_HINT}"
+    )
+
+
+def plan_resume(
+    out_dir: Path,
+    manifest: Manifest,
+    fingerprint: Mapping[str, Any],
+    infos: Sequence[ShardInfo],
+    unreadable: Sequence[str],
+) -> ResumePlan:
+    """Check every committed or present output against today's inputs (`infos`, plus the
+    names of inputs whose footer is unreadable) and plan the run; adopts (and records) a whole
+    output file a killed run renamed into place. Raises ConfigChangedError naming the shard."""
+    done = manifest.committed()
+    known_bad = manifest.bad_shards()
+    current = {info.name for info in infos} | set(unreadable)
+    stale = sorted(name for name in done if name not in current)
+    if stale:
+        raise ConfigChangedError(
+            f"{manifest.path} lists committed shard(s) {', '.join(stale[:3])} whose input "
+            f"({done[stale[0]].input_path}) is not among this job's inputs; {_RESTART_HINT}"
+        )
+    digest = fingerprint_digest(fingerprint)
+    todo: list[ShardInfo] = []
+    skipped: list[str] = []
+    bad: dict[str, str] = {}
+    for info in infos:
+        identity = info.identity()
+        record = done.get(info.name)
+        if record is not None and not record.input.matches(identity):
+            raise ConfigChangedError(_input_changed(info.name, record.input, identity))
+        out = out_dir / info.name
+        if out.is_file():
+            _check_output_file(out, digest, identity)
+            if record is None:
+                # Killed after the rename, before the manifest save: the file is whole.
+                manifest.mark_committed(info.name, summarize_output_shard(out, input=identity))
+            skipped.append(info.name)
+            continue
+        old_bad = known_bad.get(info.name)
+        if old_bad is not None and old_bad.input.matches(identity):
+            bad[info.name] = old_bad.error
+            continue
+        todo.append(info)
+    return ResumePlan(todo=todo, skipped=skipped, known_bad=bad)
+
+
+def _check_output_file(out: Path, digest: str, identity: InputIdentity) -> None:
+    metadata = read_shard_metadata(out)
+    if metadata is None:
+        raise ConfigChangedError(f"{out} was not written by batchgen for this job; {_RESTART_HINT}")
+    out_digest, out_identity = metadata
+    if not out_identity.matches(identity):
+        raise ConfigChangedError(_input_changed(out.name, out_identity, identity))
+    if out_digest != digest:
+        raise ConfigChangedError(
+            f"output shard {out.name} was written under another configuration (its metadata "
+            f"holds fingerprint {out_digest[:12]}, this job's is {digest[:12]}); {_RESTART_HINT}"
+        )
+
+
+def bad_shard(info_or_path: ShardInfo | Path, error: str) -> BadShard:
+    """The manifest record of an input shard skipped as unreadable; a shard whose footer
+    could not be read has no row count or footer hash (0 and "")."""
+    if isinstance(info_or_path, ShardInfo):
+        return BadShard(info_or_path.identity(), error)
+    path = info_or_path
+    try:
+        size = path.stat().st_size
+    except OSError:
+        size = 0
+    return BadShard(InputIdentity(str(path), size, 0, ""), error)
