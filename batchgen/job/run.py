@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,6 +24,7 @@ from batchgen.io import (
     Manifest,
     OutputRow,
     OutputShardWriter,
+    ShardRecord,
     check_output_dir,
     clean_temp_files,
     inspect_shard,
@@ -41,7 +42,21 @@ from batchgen.job.shard_assembly import achieved_hit_rate, ideal_hit_rate
 from batchgen.job.stages import JobError, PipelineOptions, PipelineStats, ShardMeta, ShardStats
 from batchgen.models.checkpoint import Checkpoint, load_checkpoint
 
-__all__ = ["ConfigChangedError", "JobSummary", "build_engine", "run_job"]
+__all__ = [
+    "ConfigChangedError",
+    "FileSink",
+    "FileSource",
+    "JobPlan",
+    "JobSummary",
+    "build_engine",
+    "build_job_engine",
+    "load_job_checkpoint",
+    "make_summary",
+    "pipeline_options",
+    "plan_job",
+    "reconcile_shard",
+    "run_job",
+]
 
 
 class ConfigChangedError(JobError):
@@ -86,7 +101,9 @@ def build_engine(config: JobConfig, checkpoint: Checkpoint) -> LLMEngine:
     )
 
 
-class _FileSource:
+class FileSource:
+    """Reads a job's input shards (the configured columns, `input.batch_rows` at a time)."""
+
     def __init__(self, config: JobConfig) -> None:
         self._columns = config.io.columns
         self._batch_rows = config.io.batch_rows
@@ -98,10 +115,16 @@ class _FileSource:
         return batches
 
 
-class _FileSink:
-    def __init__(self, out_dir: Path, manifest: Manifest, config: JobConfig) -> None:
+class FileSink:
+    """Writes output shards into `out_dir` (temporary file, fsync, rename) and hands each
+    committed shard's record to `on_commit` (the local run records it in the manifest; a Ray
+    worker returns it to the driver, the manifest's only writer)."""
+
+    def __init__(
+        self, out_dir: Path, config: JobConfig, on_commit: Callable[[str, ShardRecord], None]
+    ) -> None:
         self._out_dir = out_dir
-        self._manifest = manifest
+        self._on_commit = on_commit
         self._config = config
         self._writers: dict[int, OutputShardWriter] = {}
         self._schemas: dict[int, pa.Schema] = {}
@@ -133,7 +156,7 @@ class _FileSink:
         record = summarize_output_shard(
             path, input_path=shard.input_path, num_input_rows=shard.num_rows
         )
-        self._manifest.mark_committed(
+        self._on_commit(
             shard.name,
             dataclasses.replace(record, wall_s=round(time.perf_counter() - stats.started, 3)),
         )
@@ -159,19 +182,50 @@ def _plan_shards(config: JobConfig) -> list[tuple[Path, Any]]:
     return [(p, inspect_shard(p, config.io.columns)) for p in paths]
 
 
-def run_job(config: JobConfig, *, restart: bool = False, use_tqdm: bool = True) -> JobSummary:
-    """Raises InputError / JobError with a message for the user; other exceptions are bugs."""
-    start = time.perf_counter()
-    infos = _plan_shards(config)  # every input checked before any work
-    out_dir = config.resolve_path(config.io.output)
-    check_output_dir(out_dir)
+@dataclass(slots=True)
+class JobPlan:
+    """A planned job: the output folder, its manifest (already reconciled with the files on
+    disk), the loaded checkpoint and the input shards still to generate, in input order."""
+
+    out_dir: Path
+    manifest: Manifest
+    checkpoint: Checkpoint
+    todo: list[ShardMeta]
+    skipped: int
+
+
+def load_job_checkpoint(config: JobConfig) -> Checkpoint:
+    """The job's model. Raises InputError naming the job file when it is missing or unusable."""
     if config.model is not None and not config.resolve_path(config.model).exists():
         raise InputError(f"{config.source}: model: {config.resolve_path(config.model)} does not exist")
     model = str(config.resolve_path(config.model)) if config.model is not None else None
     try:
-        checkpoint = load_checkpoint(model)
+        return load_checkpoint(model)
     except (FileNotFoundError, ValueError) as exc:
         raise InputError(f"{config.source}: model: {exc}") from exc
+
+
+def reconcile_shard(manifest: Manifest, out_dir: Path, name: str, input_path: str, num_rows: int) -> bool:
+    """Record shard `name` if its output file exists but the manifest lacks it (renamed, then
+    killed before the save); True when the file exists (the shard is done, never written twice)."""
+    path = out_dir / name
+    if not path.exists():
+        return False
+    if name not in manifest.committed():
+        manifest.mark_committed(
+            name, summarize_output_shard(path, input_path=input_path, num_input_rows=num_rows)
+        )
+    return True
+
+
+def plan_job(config: JobConfig, *, restart: bool = False) -> JobPlan:
+    """Check every input, the output folder and the model; load or create the manifest
+    (refusing a changed configuration unless `restart`), clean temporary files and find the
+    shards still to do. Raises InputError / ConfigChangedError with a message for the user."""
+    infos = _plan_shards(config)  # every input checked before any work
+    out_dir = config.resolve_path(config.io.output)
+    check_output_dir(out_dir)
+    checkpoint = load_job_checkpoint(config)
     fingerprint = _fingerprint(config, checkpoint)
 
     manifest = Manifest.load(out_dir)
@@ -206,10 +260,8 @@ def run_job(config: JobConfig, *, restart: bool = False, use_tqdm: bool = True) 
             # hand-deleted file) is generated again, never silently skipped.
             skipped += 1
             continue
-        if (out_dir / info.name).exists():
-            # Killed after the rename, before the manifest save: the file is whole; record it.
-            record = summarize_output_shard(out_dir / info.name, input_path=str(path), num_input_rows=info.num_rows)
-            manifest.mark_committed(info.name, record)
+        # Killed after the rename, before the manifest save: the file is whole; record it.
+        if reconcile_shard(manifest, out_dir, info.name, str(path), info.num_rows):
             skipped += 1
             continue
         todo.append(
@@ -222,7 +274,12 @@ def run_job(config: JobConfig, *, restart: bool = False, use_tqdm: bool = True) 
                 passthrough=info.passthrough,
             )
         )
+    return JobPlan(out_dir, manifest, checkpoint, todo, skipped)
 
+
+def build_job_engine(config: JobConfig, checkpoint: Checkpoint) -> tuple[LLMEngine, RowPreparer]:
+    """The engine and row preparer of a job. Raises InputError naming the job file when the
+    engine settings do not fit the model or the device."""
     try:
         engine = build_engine(config, checkpoint)
     except ValueError as exc:
@@ -234,7 +291,12 @@ def run_job(config: JobConfig, *, restart: bool = False, use_tqdm: bool = True) 
         prompt_too_long=config.prompt_too_long,
         job_seed=config.seed,
     )
-    options = PipelineOptions(
+    return engine, preparer
+
+
+def pipeline_options(config: JobConfig, *, use_tqdm: bool) -> PipelineOptions:
+    """The pipeline's options from the job file."""
+    return PipelineOptions(
         columns=config.io.columns,
         batch_rows=config.io.batch_rows,
         order=config.order,
@@ -245,10 +307,18 @@ def run_job(config: JobConfig, *, restart: bool = False, use_tqdm: bool = True) 
         include_logprobs=config.io.include_logprobs,
         use_tqdm=use_tqdm,
     )
-    sink = _FileSink(out_dir, manifest, config)
-    stats = run_pipeline_sync(engine, preparer, _FileSource(config), sink, todo, options)
-    summary = make_summary(stats, time.perf_counter() - start, skipped=skipped)
-    write_json_atomic(out_dir / "summary.json", summary.data)
+
+
+def run_job(config: JobConfig, *, restart: bool = False, use_tqdm: bool = True) -> JobSummary:
+    """Raises InputError / JobError with a message for the user; other exceptions are bugs."""
+    start = time.perf_counter()
+    plan = plan_job(config, restart=restart)
+    engine, preparer = build_job_engine(config, plan.checkpoint)
+    sink = FileSink(plan.out_dir, config, plan.manifest.mark_committed)
+    options = pipeline_options(config, use_tqdm=use_tqdm)
+    stats = run_pipeline_sync(engine, preparer, FileSource(config), sink, plan.todo, options)
+    summary = make_summary(stats, time.perf_counter() - start, skipped=plan.skipped)
+    write_json_atomic(plan.out_dir / "summary.json", summary.data)
     return summary
 
 
