@@ -72,8 +72,8 @@ class ShardWorker:
             setup()
         self._config = config
         self._out_dir = Path(out_dir)
-        checkpoint = load_job_checkpoint(config)
-        self._engine, self._preparer = build_job_engine(config, checkpoint)
+        self._checkpoint = load_job_checkpoint(config)
+        self._engine, self._preparer = build_job_engine(config, self._checkpoint)
         self._shard: str | None = None
         self._shard_rows = 0
         self._output_tokens = 0
@@ -94,7 +94,7 @@ class ShardWorker:
     def run_shard(self, shard: ShardMeta) -> ShardResult:
         """Generate `shard` and commit its output file. Raises JobError (error rate, an input
         that changed since planning) like a local run; the temporary file is removed on any
-        failure but a kill."""
+        failure but a kill, and the engine is rebuilt (a failed run leaves requests in it)."""
         start = time.perf_counter()
         self._shard, self._shard_rows = shard.name, 0
         records: dict[str, ShardRecord] = {}
@@ -106,6 +106,11 @@ class ShardWorker:
             stats = run_pipeline_sync(
                 self._engine, self._preparer, FileSource(self._config), sink, [shard], options
             )
+        except BaseException:
+            # A failed pipeline leaves requests in the engine and the shard's ids in the
+            # preparer; the next shard (maybe this one again) needs both clean.
+            self._engine, self._preparer = build_job_engine(self._config, self._checkpoint)
+            raise
         finally:
             self._shard = None
         if shard.name not in records:
