@@ -4,6 +4,10 @@ Exactly-once: an output shard exists whole or not at all (temporary file, fsync,
 output file is the truth; the manifest records the configuration fingerprint and per-shard
 figures. A run killed after a rename but before the manifest save is reconciled on the next run
 by reading the committed file back.
+
+Planning (`plan_job`), the engine setup and the file source/sink are shared with the Ray
+executor (batchgen.ray), whose workers commit shards through `FileSink` and whose driver records
+them in the manifest.
 """
 
 from __future__ import annotations

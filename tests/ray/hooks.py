@@ -2,7 +2,8 @@
 
 `run_ray_job(..., worker_setup=...)` runs a hook in each worker process before it loads the
 model; these hooks patch `OutputShardWriter.write` there, so the fault strikes in the middle of
-a shard, after its temporary output file was opened. They are plain module functions (bound
+a shard, after its temporary output file was opened (or patch `os.replace` to die right after a
+shard's rename, before the driver hears of it). They are plain module functions (bound
 with functools.partial), importable by the workers through PYTHONPATH.
 """
 
@@ -14,7 +15,7 @@ import signal
 from pathlib import Path
 from typing import Any
 
-__all__ = ["fail_on_write", "kill_on_write"]
+__all__ = ["fail_on_write", "kill_after_rename", "kill_on_write", "run_all"]
 
 
 def kill_on_write(shard_name: str, marker: str) -> None:
@@ -46,3 +47,24 @@ def fail_on_write(shard_name: str) -> None:
         real(self, batch)
 
     OutputShardWriter.write = write  # type: ignore[method-assign]
+
+
+def kill_after_rename(shard_name: str, marker: str) -> None:
+    """SIGKILL this worker right after it renamed `shard_name` into place (the driver has not
+    recorded it) unless `marker` exists; the marker holds the file's inode and mtime."""
+    real = os.replace
+
+    def replace(src: Any, dst: Any, **kwargs: Any) -> None:
+        real(src, dst, **kwargs)
+        if Path(os.fsdecode(dst)).name == shard_name and not os.path.exists(marker):
+            st = os.stat(dst)
+            Path(marker).write_text(json.dumps({"inode": st.st_ino, "mtime_ns": st.st_mtime_ns}))
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    os.replace = replace
+
+
+def run_all(*hooks: Any) -> None:
+    """Run several hooks (each a callable without arguments)."""
+    for hook in hooks:
+        hook()

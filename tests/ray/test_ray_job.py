@@ -144,18 +144,28 @@ def test_six_shards_over_two_workers_equal_local(ray_runtime: Any, job: Job) -> 
 
 
 def test_worker_killed_mid_shard_is_retried(ray_runtime: Any, job: Job, tmp_path: Path) -> None:
-    """Seeded sampling with n=2 over 2 workers; one dies (SIGKILL) in the middle of part-2."""
+    """Seeded sampling with n=2 over 2 workers. One worker dies (SIGKILL) in the middle of
+    part-2: retried. Another dies right after renaming part-4 into place, before returning it:
+    recorded from the file, never generated twice."""
     from batchgen.ray import run_ray_job
 
-    marker = tmp_path / "killed.json"
-    setup = functools.partial(hooks.kill_on_write, "part-2.parquet", str(marker))
+    mid, renamed = tmp_path / "killed-mid.json", tmp_path / "killed-renamed.json"
+    setup = functools.partial(
+        hooks.run_all,
+        functools.partial(hooks.kill_on_write, "part-2.parquet", str(mid)),
+        functools.partial(hooks.kill_after_rename, "part-4.parquet", str(renamed)),
+    )
+    out_dir = job.folder / "out-kill"
     summary = run_ray_job(job.config("out-kill", "sampled"), use_tqdm=False, worker_setup=setup)
-    note = json.loads(marker.read_text())  # the worker did die, holding a temporary file
+    note = json.loads(mid.read_text())  # the worker did die, holding a temporary file
     assert note["temp_existed"] and not Path(note["temp"]).exists()
-    assert_same_output(job, job.folder / "out-kill", "sampled")
+    at_rename = json.loads(renamed.read_text())
+    _, mtime_ns, inode = file_state(out_dir / "part-4.parquet")
+    assert (inode, mtime_ns) == (at_rename["inode"], at_rename["mtime_ns"])
+    assert_same_output(job, out_dir, "sampled")
     assert summary.data["ray"]["retries"] == {"total": 1, "by_shard": {"part-2.parquet": 1}}
     states = [w["state"] for w in summary.data["ray"]["workers"]]
-    assert states.count("died") == 1 and len(states) == 3  # a fresh worker took the dead one's place
+    assert states.count("died") == 2 and len(states) == 4  # fresh workers took the dead ones' place
     assert summary.data["shards"]["committed_this_run"] == NUM_SHARDS
 
 
