@@ -1,7 +1,7 @@
 """The import arrows of STYLE.md, checked over the source (static: every import statement).
 
     cli -> job -> engine -> models -> kernels;  job -> io;  engine -> radix;
-    job, engine, models -> tokenizer;  cli, job -> data
+    job, engine, models -> tokenizer;  cli, job -> data;  cli -> ray -> job (and job's arrows)
 
 Layers are read off the tree: each subpackage of batchgen/ is a layer, the root folders radix/,
 io/, kernels/ are three more, the top-level modules (`llm.py`) are the public face, and
@@ -26,7 +26,11 @@ API = "batchgen"
 # layer -> the layers it may import (its own always allowed).
 ALLOWED: dict[str, set[str]] = {
     "batchgen.cli": {API, "batchgen.job", "batchgen.engine", "batchgen.models", "batchgen.tokenizer",
-                     "batchgen.data", "batchgen.kernels", "batchgen.radix", "batchgen.io", BASE},
+                     "batchgen.data", "batchgen.kernels", "batchgen.radix", "batchgen.io", "batchgen.ray",
+                     BASE},
+    # executor: ray and the Ray Data stage sit above the job layer.
+    "batchgen.ray": {"batchgen.job", "batchgen.engine", "batchgen.models", "batchgen.tokenizer",
+                     "batchgen.io", "batchgen.data", BASE},
     API: {"batchgen.engine", "batchgen.models", "batchgen.tokenizer", BASE},
     "batchgen.job": {"batchgen.engine", "batchgen.models", "batchgen.tokenizer", "batchgen.data",
                      "batchgen.radix", "batchgen.io", BASE},
@@ -124,6 +128,8 @@ def test_the_scan_sees_the_packages() -> None:
         ("batchgen.models.llama", "import batchgen.engine.llm_engine"),
         ("batchgen.engine.runner", "from batchgen.io import OutputRow"),
         ("batchgen.job.pipeline", "from batchgen.cli.bench import run_bench"),
+        ("batchgen.job.run", "from batchgen.ray.driver import run_ray_job"),
+        ("batchgen.ray.driver", "from batchgen.cli.main import main"),
         ("batchgen.radix.block_pool", "from batchgen.engine.sequence import Sequence"),
         ("batchgen.radix.block_pool", "import torch"),
         ("batchgen.kernels.dispatch", "from batchgen.models.config import ModelConfig"),

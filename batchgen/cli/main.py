@@ -98,7 +98,12 @@ def _run(args: argparse.Namespace) -> int:
     if threads:
         torch.set_num_threads(threads)
     try:
-        summary = run_job(config, restart=args.restart, use_tqdm=not args.quiet)
+        if config.executor == "ray":
+            from batchgen.ray.driver import run_ray_job
+
+            summary = run_ray_job(config, restart=args.restart, use_tqdm=not args.quiet)
+        else:
+            summary = run_job(config, restart=args.restart, use_tqdm=not args.quiet)
     except (InputError, ConfigChangedError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

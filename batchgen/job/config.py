@@ -2,7 +2,7 @@
 fingerprint of what changes output rows. Reading the file is `batchgen.job.config_file`.
 
 Owns: `JobConfig` (one frozen dataclass per layer inside: `IoConfig`, `SamplingParams`,
-`SchedulerConfig`, `CacheConfig`, `RunnerConfig`) and `JobConfigError`.
+`SchedulerConfig`, `CacheConfig`, `RunnerConfig`, `RayConfig`) and `JobConfigError`.
 
 Layout (every key but ``input.path`` and ``output.path`` is optional; defaults shown)::
 
@@ -45,7 +45,14 @@ Layout (every key but ``input.path`` and ``output.path`` is optional; defaults s
     on_bad_shard: fail          # fail | skip: an unreadable input shard (bad footer, corrupt row
                                 #   group) stops the job, or is skipped and recorded with its
                                 #   error in manifest.json and summary.json (`bad_shards`)
-    executor: local             # local (ray is not available yet)
+    executor: local             # local | ray (the same job over a Ray cluster; batchgen[ray])
+    ray:                        # read only when executor is ray
+      address: null             # null: start or join a local Ray; "auto": the running cluster;
+                                #   or "host:port" of the cluster's GCS
+      num_workers: 2            # Ray actors, each with its own engine (one per GPU on a cluster)
+      num_cpus_per_worker: 1
+      num_gpus_per_worker: 0    # 1 on GPU clusters
+      max_retries: 2            # more attempts of a shard whose worker died
 
 Invariants:
 - Unknown keys at any level are errors (with the nearest known key as a suggestion); every
@@ -79,6 +86,7 @@ __all__ = [
     "OnBadShard",
     "Order",
     "PromptTooLong",
+    "RayConfig",
 ]
 
 PromptTooLong = Literal["error", "truncate_left", "truncate_right"]
@@ -129,6 +137,34 @@ class IoConfig:
         _expect_bool("output.include_logprobs", self.include_logprobs)
 
 
+def _expect_number(key: str, value: object, minimum: float) -> None:
+    if not isinstance(value, int | float) or isinstance(value, bool) or not value >= minimum:
+        raise ValueError(f"{key}: expected a number >= {minimum:g}, got {value!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class RayConfig:
+    """The `ray:` section: where the cluster is and what each worker (a Ray actor) holds.
+
+    `num_cpus_per_worker` / `num_gpus_per_worker` are Ray resource amounts (fractions allowed);
+    `max_retries` is how many more attempts a shard gets after its worker died or failed.
+    """
+
+    address: str | None = None
+    num_workers: int = 2
+    num_cpus_per_worker: float = 1
+    num_gpus_per_worker: float = 0
+    max_retries: int = 2
+
+    def __post_init__(self) -> None:
+        if self.address is not None:
+            _expect_text("ray.address", self.address, '"auto", "host:port" or null')
+        check_int("ray.num_workers", self.num_workers, minimum=1)
+        _expect_number("ray.num_cpus_per_worker", self.num_cpus_per_worker, 0)
+        _expect_number("ray.num_gpus_per_worker", self.num_gpus_per_worker, 0)
+        check_int("ray.max_retries", self.max_retries, minimum=0)
+
+
 @dataclass(frozen=True, slots=True)
 class JobConfig:
     """A whole job, validated; error messages use the job file's keys."""
@@ -149,6 +185,7 @@ class JobConfig:
     min_rows_for_error_rate: int = 100
     on_bad_shard: OnBadShard = "fail"
     executor: Executor = "local"
+    ray: RayConfig = RayConfig()
 
     def __post_init__(self) -> None:
         if self.model is not None:
@@ -168,8 +205,8 @@ class JobConfig:
         check_int("min_rows_for_error_rate", self.min_rows_for_error_rate, minimum=0)
         _expect_choice("on_bad_shard", self.on_bad_shard, get_args(OnBadShard))
         _expect_choice("executor", self.executor, get_args(Executor))
-        if self.executor == "ray":
-            raise ValueError("executor 'ray' is not available yet; use executor: local")
+        if not isinstance(self.ray, RayConfig):
+            raise ValueError(f"ray: expected a RayConfig, got {self.ray!r}")
 
     def resolve_path(self, p: str) -> Path:
         """`p` as written in the job file, made absolute against the job file's folder."""

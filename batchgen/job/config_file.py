@@ -22,7 +22,7 @@ from batchgen._checks import check_int
 from batchgen.engine.config import ENGINE_OPTION_OWNERS, EngineConfigs, engine_configs
 from batchgen.engine.sampling_params import SamplingParams
 from batchgen.io import ColumnMap
-from batchgen.job.config import IoConfig, JobConfig, JobConfigError
+from batchgen.job.config import IoConfig, JobConfig, JobConfigError, RayConfig
 
 __all__ = ["job_config_from_dict", "load_job_config"]
 
@@ -42,17 +42,20 @@ _TOP_KEYS = (
     "min_rows_for_error_rate",
     "on_bad_shard",
     "executor",
+    "ray",
 )
 _INPUT_KEYS = ("path", "columns", "batch_rows")
 _COLUMN_KEYS = ("id", "prompt", "messages", "sampling_params", "passthrough")
 _OUTPUT_KEYS = ("path", "include_token_ids", "include_logprobs")
 _SAMPLING_KEYS = tuple(f.name for f in fields(SamplingParams))
+_RAY_KEYS = tuple(f.name for f in fields(RayConfig))
 _SECTION_KEYS: dict[str, tuple[str, ...]] = {
     "input": _INPUT_KEYS,
     "input.columns": _COLUMN_KEYS,
     "output": _OUTPUT_KEYS,
     "sampling": _SAMPLING_KEYS,
     "engine": tuple(ENGINE_OPTION_OWNERS),
+    "ray": _RAY_KEYS,
 }
 
 
@@ -163,6 +166,10 @@ def _engine(data: Mapping[str, Any]) -> EngineConfigs:
         raise ValueError(_rekey(exc, "engine")) from exc
 
 
+def _ray(data: Mapping[str, Any]) -> RayConfig:
+    return RayConfig(**_section(data, "", "ray", required=False))
+
+
 def job_config_from_dict(data: Mapping[str, Any], *, source: Path, base_dir: Path) -> JobConfig:
     """Validate a parsed job file. Raises JobConfigError naming `source` and the key."""
     try:
@@ -177,7 +184,7 @@ def job_config_from_dict(data: Mapping[str, Any], *, source: Path, base_dir: Pat
         optional = {
             f.name: data[f.name]
             for f in fields(JobConfig)
-            if f.default is not MISSING and f.name in data
+            if f.default is not MISSING and f.name in data and f.name != "ray"
         }
         return JobConfig(
             base_dir=base_dir,
@@ -188,6 +195,7 @@ def job_config_from_dict(data: Mapping[str, Any], *, source: Path, base_dir: Pat
             scheduler=engine.scheduler,
             cache=engine.cache,
             runner=engine.runner,
+            ray=_ray(data),
             **optional,
         )
     except ValueError as exc:

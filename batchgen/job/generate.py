@@ -12,6 +12,7 @@ from datetime import datetime
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from batchgen.engine.config import engine_configs
 from batchgen.engine.llm_engine import LLMEngine
@@ -22,7 +23,7 @@ from batchgen.job.prepare import RowPreparer
 from batchgen.job.stages import PipelineOptions, ShardMeta, ShardStats
 from batchgen.models.checkpoint import load_checkpoint
 
-__all__ = ["generate"]
+__all__ = ["TableGenerator", "generate"]
 
 _ROW_ID = "__batchgen_row_id"
 
@@ -54,6 +55,109 @@ class _TableSink:
         self.batches.clear()
 
 
+class TableGenerator:
+    """The model and engine loaded once, for many tables (`generate` uses one per call; a Ray
+    Data stage keeps one per actor). Arguments as for `generate`, except the table."""
+
+    def __init__(
+        self,
+        *,
+        model: str | None = None,
+        sampling: SamplingParams | Mapping[str, Any] | None = None,
+        prompt_column: str = "prompt",
+        messages_column: str | None = None,
+        sampling_params_column: str | None = None,
+        id_column: str | None = None,
+        seed: int = 0,
+        prompt_too_long: str = "error",
+        order: str = "prefix",
+        window_rows: int = 1024,
+        max_error_rate: float = 1.0,
+        include_token_ids: bool = False,
+        include_logprobs: bool = False,
+        use_tqdm: bool = True,
+        **engine_options: Any,
+    ) -> None:
+        engine_config = engine_configs(engine_options)
+        if order not in ("prefix", "input"):
+            raise ValueError(f"order must be 'prefix' or 'input', got {order!r}")
+        if prompt_too_long not in ("error", "truncate_left", "truncate_right"):
+            raise ValueError(f"prompt_too_long must be error, truncate_left or truncate_right, got {prompt_too_long!r}")
+        self._params = sampling if isinstance(sampling, SamplingParams) else SamplingParams.from_mapping(sampling or {})
+        self._prompt_column = None if messages_column is not None else prompt_column
+        self._messages_column = messages_column
+        self._sampling_params_column = sampling_params_column
+        self._id_column = id_column
+        self._include_token_ids = include_token_ids
+        self._include_logprobs = include_logprobs
+        checkpoint = load_checkpoint(model)
+        self._engine = LLMEngine.from_configs(checkpoint, engine_config, seed=seed)
+        self._preparer = RowPreparer(
+            checkpoint.tokenizer,
+            self._params,
+            max_model_len=self._engine.max_model_len,
+            prompt_too_long=prompt_too_long,  # type: ignore[arg-type]
+            job_seed=seed,
+            now=datetime.now(),
+        )
+        self._options = PipelineOptions(
+            columns=ColumnMap(
+                id=id_column or _ROW_ID,
+                prompt=self._prompt_column,
+                messages=messages_column,
+                sampling_params=sampling_params_column,
+            ),
+            batch_rows=1024,
+            order=order,
+            window_rows=window_rows,
+            max_error_rate=max_error_rate,
+            min_rows_for_error_rate=100,
+            include_token_ids=include_token_ids,
+            include_logprobs=include_logprobs,
+            use_tqdm=use_tqdm,
+        )
+
+    def __call__(self, table: Any) -> Any:
+        """Generate for every row of `table` (a pyarrow.Table or polars.DataFrame); see
+        `generate`."""
+        is_polars = type(table).__module__.split(".")[0] == "polars"
+        arrow: pa.Table = table.to_arrow() if is_polars else table
+        if not isinstance(arrow, pa.Table):
+            raise TypeError(f"generate() takes a pyarrow.Table or a polars.DataFrame, got {type(table).__name__}")
+        needed = [c for c in (self._prompt_column, self._messages_column, self._sampling_params_column) if c]
+        missing = [c for c in [*needed, self._id_column] if c and c not in arrow.column_names]
+        if missing:
+            raise ValueError(f"the table has no column {missing[0]!r}; its columns: {', '.join(arrow.column_names)}")
+        if self._id_column is None:
+            # Rows are keyed by position; the input columns are put back from the input table at
+            # the end, so none of them needs to travel through the pipeline.
+            id_type = pa.int64()
+            work = pa.table({_ROW_ID: pa.array(range(arrow.num_rows), pa.int64())})
+        else:
+            id_type = arrow.schema.field(self._id_column).type
+            if not (pa.types.is_integer(id_type) or pa.types.is_string(id_type) or pa.types.is_large_string(id_type)):
+                raise ValueError(f"id column {self._id_column!r}: expected integers or strings, got {id_type}")
+            work = pa.table({self._id_column: arrow.column(self._id_column)})
+        for name in needed:
+            work = work.append_column(name, arrow.column(name))
+        passthrough_schema = pa.schema([])
+        schema = output_schema(
+            id_type, passthrough_schema, with_token_ids=self._include_token_ids, with_logprobs=self._include_logprobs
+        )
+        shard = ShardMeta(
+            index=0, name="table", num_rows=arrow.num_rows, input_path="<table>", id_type=id_type, passthrough=passthrough_schema
+        )
+        sink = _TableSink(schema)
+        run_pipeline_sync(self._engine, self._preparer, _TableSource(work, 1024), sink, [shard], self._options)
+        out = pa.Table.from_batches(sink.batches, schema=schema)
+        result = _assemble(arrow, out, by_position=self._id_column is None)
+        if is_polars:
+            import polars as pl
+
+            return pl.from_arrow(result)
+        return result
+
+
 def generate(
     table: Any,
     *,
@@ -62,6 +166,7 @@ def generate(
     prompt_column: str = "prompt",
     messages_column: str | None = None,
     sampling_params_column: str | None = None,
+    id_column: str | None = None,
     seed: int = 0,
     prompt_too_long: str = "error",
     order: str = "prefix",
@@ -76,81 +181,42 @@ def generate(
 
     Returns the same kind of table: the input columns, then `sample_index`, `output`,
     `finish_reason`, `stop_reason`, `usage`, `error`, `seed` (and `output_token_ids`,
-    `logprobs` when asked). Bad rows get an `error` instead of failing the call. Unknown
-    keyword arguments raise TypeError; bad values raise ValueError.
+    `logprobs` when asked). Bad rows get an `error` instead of failing the call. Each row's
+    seed derives from `seed` and the row's value in `id_column` (as in a job, where a duplicate
+    id is an error row), or its position in the table when `id_column` is None. Unknown keyword
+    arguments raise TypeError; bad values raise ValueError.
     """
-    is_polars = type(table).__module__.split(".")[0] == "polars"
-    arrow: pa.Table = table.to_arrow() if is_polars else table
-    if not isinstance(arrow, pa.Table):
-        raise TypeError(f"generate() takes a pyarrow.Table or a polars.DataFrame, got {type(table).__name__}")
-    if messages_column is not None:
-        prompt_column_used: str | None = None
-    else:
-        prompt_column_used = prompt_column
-    needed = [c for c in (prompt_column_used, messages_column, sampling_params_column) if c]
-    missing = [c for c in needed if c not in arrow.column_names]
-    if missing:
-        raise ValueError(f"the table has no column {missing[0]!r}; its columns: {', '.join(arrow.column_names)}")
-    engine_config = engine_configs(engine_options)
-    if order not in ("prefix", "input"):
-        raise ValueError(f"order must be 'prefix' or 'input', got {order!r}")
-    if prompt_too_long not in ("error", "truncate_left", "truncate_right"):
-        raise ValueError(f"prompt_too_long must be error, truncate_left or truncate_right, got {prompt_too_long!r}")
-
-    params = sampling if isinstance(sampling, SamplingParams) else SamplingParams.from_mapping(sampling or {})
-    # Rows are keyed by position; the input columns are put back from the input table at the end,
-    # so none of them needs to travel through the pipeline.
-    work = pa.table({_ROW_ID: pa.array(range(arrow.num_rows), pa.int64())})
-    for name in needed:
-        work = work.append_column(name, arrow.column(name))
-    columns = ColumnMap(
-        id=_ROW_ID,
-        prompt=prompt_column_used,
-        messages=messages_column,
-        sampling_params=sampling_params_column,
-    )
-
-    checkpoint = load_checkpoint(model)
-    engine = LLMEngine.from_configs(checkpoint, engine_config, seed=seed)
-    preparer = RowPreparer(
-        checkpoint.tokenizer,
-        params,
-        max_model_len=engine.max_model_len,
-        prompt_too_long=prompt_too_long,  # type: ignore[arg-type]
-        job_seed=seed,
-        now=datetime.now(),
-    )
-    passthrough_schema = pa.schema([])
-    schema = output_schema(pa.int64(), passthrough_schema, with_token_ids=include_token_ids, with_logprobs=include_logprobs)
-    shard = ShardMeta(
-        index=0, name="table", num_rows=arrow.num_rows, input_path="<table>", id_type=pa.int64(), passthrough=passthrough_schema
-    )
-    sink = _TableSink(schema)
-    options = PipelineOptions(
-        columns=columns,
-        batch_rows=1024,
+    generator = TableGenerator(
+        model=model,
+        sampling=sampling,
+        prompt_column=prompt_column,
+        messages_column=messages_column,
+        sampling_params_column=sampling_params_column,
+        id_column=id_column,
+        seed=seed,
+        prompt_too_long=prompt_too_long,
         order=order,
         window_rows=window_rows,
         max_error_rate=max_error_rate,
-        min_rows_for_error_rate=100,
         include_token_ids=include_token_ids,
         include_logprobs=include_logprobs,
         use_tqdm=use_tqdm,
+        **engine_options,
     )
-    run_pipeline_sync(engine, preparer, _TableSource(work, 1024), sink, [shard], options)
-    out = pa.Table.from_batches(sink.batches, schema=schema)
-    result = _assemble(arrow, out)
-    if is_polars:
-        import polars as pl
-
-        return pl.from_arrow(result)
-    return result
+    return generator(table)
 
 
-def _assemble(arrow: pa.Table, out: pa.Table) -> pa.Table:
-    """Input columns in their order (repeated per sample), then the output columns."""
-    row_ids = out.column("id")
-    result = arrow.take(row_ids)
+def _assemble(arrow: pa.Table, out: pa.Table, *, by_position: bool) -> pa.Table:
+    """Input columns in their order (repeated per sample), then the output columns.
+
+    Output rows come in input order, each input row's samples together starting at sample 0, so
+    without position ids an input row's position counts the sample-0 rows before it."""
+    if by_position:
+        positions = out.column("id")
+    else:
+        starts = pc.equal(out.column("sample_index"), 0)
+        positions = pc.subtract(pc.cumulative_sum(pc.cast(starts, pa.int64())), 1)
+    result = arrow.take(positions)
     for name in out.column_names:
         if name == "id":
             continue

@@ -111,7 +111,7 @@ async def run_pipeline(
     re-raises a stage's exception after cancelling the others; the sink is aborted on failure."""
     stats = PipelineStats(num_rows=sum(s.num_rows for s in shards))
     engine_before = engine.stats().as_dict()
-    progress = Progress(stats.num_rows, options.use_tqdm)
+    progress = Progress(stats.num_rows, options.use_tqdm, options.on_progress)
     start = time.perf_counter()
     send_batches, recv_batches = anyio.create_memory_object_stream[_Batch](_STREAM_BUFFER)
     send_rows, recv_rows = anyio.create_memory_object_stream[list[PreparedRow]](_STREAM_BUFFER)

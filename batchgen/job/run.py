@@ -10,19 +10,21 @@ the output folder changes: inputs listed and checked, the output folder checked 
 the input set, then locked for the whole run (`OutputLock`), the device and the model checked
 and loaded, the manifest opened. Failures after that are `JobError` (exit code 1), with the
 uncommitted outputs removed.
+
+Planning (`planned_job`), the engine setup and the file source/sink (`batchgen.job.files`) are
+shared with the Ray executor (`batchgen.ray`), whose workers commit shards through `FileSink` and
+whose driver, under the same lock, records them in the manifest.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
-
-import pyarrow as pa
 
 from batchgen import __version__
 from batchgen.engine.llm_engine import LLMEngine
@@ -31,32 +33,37 @@ from batchgen.io import (
     InputIdentity,
     Manifest,
     OutputLock,
-    OutputRow,
-    OutputShardWriter,
     ShardInfo,
     ShardReadError,
     check_output_dir,
     check_output_outside_inputs,
     clean_temp_files,
     inspect_shard,
-    iter_shard_batches,
     list_input_shards,
-    output_schema,
-    rows_to_batch,
-    shard_metadata,
-    summarize_output_shard,
     write_json_atomic,
 )
 from batchgen.job.config import JobConfig
+from batchgen.job.files import FileSink, FileSource
 from batchgen.job.pipeline import run_pipeline_sync
 from batchgen.job.prepare import MAX_TRACKED_IDS, RowPreparer
 from batchgen.job.resume import ConfigChangedError, bad_shard, open_manifest, plan_resume
 from batchgen.job.setup import check_device, load_model
 from batchgen.job.shard_assembly import achieved_hit_rate, ideal_hit_rate
-from batchgen.job.stages import JobError, PipelineOptions, PipelineStats, ShardMeta, ShardStats
+from batchgen.job.stages import JobError, PipelineOptions, PipelineStats, ShardMeta
 from batchgen.models.checkpoint import Checkpoint
 
-__all__ = ["ConfigChangedError", "JobSummary", "build_engine", "run_job"]
+__all__ = [
+    "ConfigChangedError",
+    "JobPlan",
+    "JobSummary",
+    "build_engine",
+    "build_job_engine",
+    "job_fingerprint",
+    "make_summary",
+    "pipeline_options",
+    "planned_job",
+    "run_job",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,87 +113,8 @@ def build_engine(config: JobConfig, checkpoint: Checkpoint) -> LLMEngine:
         raise InputError(f"{config.source}: engine: {exc}") from exc
 
 
-class _FileSource:
-    def __init__(self, config: JobConfig) -> None:
-        self._columns = config.io.columns
-        self._batch_rows = config.io.batch_rows
-
-    def iter_batches(self, shard: ShardMeta) -> Iterator[pa.RecordBatch]:
-        batches: Iterator[pa.RecordBatch] = iter_shard_batches(
-            Path(shard.input_path), self._columns, self._batch_rows
-        )
-        return batches
-
-
-class _FileSink:
-    """Output shards as files. Each file carries the fingerprint's digest and its input's
-    identity in its Parquet metadata. An OSError (disk full, ...) becomes a JobError naming the
-    file; the pipeline then aborts every uncommitted shard."""
-
-    def __init__(
-        self,
-        out_dir: Path,
-        manifest: Manifest,
-        config: JobConfig,
-        fingerprint: Mapping[str, Any],
-        identities: Mapping[str, InputIdentity],
-    ) -> None:
-        self._out_dir = out_dir
-        self._manifest = manifest
-        self._config = config
-        self._fingerprint = fingerprint
-        self._identities = identities
-        self._writers: dict[int, OutputShardWriter] = {}
-        self._schemas: dict[int, pa.Schema] = {}
-
-    def _writer(self, shard: ShardMeta) -> OutputShardWriter:
-        writer = self._writers.get(shard.index)
-        if writer is None:
-            schema = output_schema(
-                shard.id_type,
-                shard.passthrough,
-                with_token_ids=self._config.io.include_token_ids,
-                with_logprobs=self._config.io.include_logprobs,
-            ).with_metadata(shard_metadata(self._fingerprint, self._identities[shard.name]))
-            self._schemas[shard.index] = schema
-            writer = OutputShardWriter(self._out_dir, shard.name, schema)
-            self._writers[shard.index] = writer
-        return writer
-
-    def write(self, shard: ShardMeta, rows: Sequence[OutputRow]) -> None:
-        try:
-            writer = self._writer(shard)
-            writer.write(rows_to_batch(rows, self._schemas[shard.index]))
-        except OSError as exc:
-            raise JobError(f"{self._out_dir / shard.name}: cannot write the output shard: {exc}") from exc
-
-    def commit(self, shard: ShardMeta, stats: ShardStats) -> None:
-        try:
-            writer = self._writer(shard)
-            path = writer.commit()
-            del self._writers[shard.index]
-            # The record comes from the committed file, exactly as a resumed run rebuilds it
-            # for a shard whose manifest save was lost (ShardRecord counts over output rows).
-            record = summarize_output_shard(path, input=self._identities[shard.name])
-            self._manifest.mark_committed(
-                shard.name,
-                dataclasses.replace(record, wall_s=round(time.perf_counter() - stats.started, 3)),
-            )
-        except OSError as exc:
-            raise JobError(f"{self._out_dir / shard.name}: cannot commit the output shard: {exc}") from exc
-
-    def discard(self, shard: ShardMeta) -> None:
-        writer = self._writers.pop(shard.index, None)
-        if writer is not None:
-            writer.abort()
-
-    def abort(self) -> None:
-        for writer in self._writers.values():
-            writer.abort()
-        self._writers.clear()
-
-
-def _fingerprint(config: JobConfig, checkpoint: Checkpoint) -> dict[str, Any]:
+def job_fingerprint(config: JobConfig, checkpoint: Checkpoint) -> dict[str, Any]:
+    """What the manifest and every output file record of the configuration."""
     tok = checkpoint.tokenizer
     return {
         "batchgen_version": __version__,
@@ -212,57 +140,90 @@ def _plan_shards(config: JobConfig) -> tuple[list[Path], list[ShardInfo], dict[s
     return paths, infos, unreadable
 
 
-def run_job(config: JobConfig, *, restart: bool = False, use_tqdm: bool = True) -> JobSummary:
-    """Run (or resume) the job. Raises InputError / ConfigChangedError for setup problems
-    (nothing in the output folder changed), JobError for a failure while running (nothing
-    partial committed); other exceptions are bugs."""
-    start = time.perf_counter()
+@dataclass(slots=True)
+class JobPlan:
+    """A planned job under its output lock: the manifest (already reconciled with the files on
+    disk), the loaded checkpoint, the shards still to generate in input order with their
+    inputs' identities, how many are done already and the bad shards known so far."""
+
+    out_dir: Path
+    manifest: Manifest
+    checkpoint: Checkpoint
+    fingerprint: dict[str, Any]
+    todo: list[ShardMeta]
+    identities: dict[str, InputIdentity]
+    infos: dict[str, ShardInfo]
+    skipped: int
+    bad_shards: dict[str, str]
+
+    def record_bad_shards(self, bad: Mapping[str, str]) -> dict[str, str]:
+        """Record shards found unreadable while running (name -> error) in the manifest; returns
+        every bad shard of the job. Raises JobError when the manifest cannot be saved."""
+        try:
+            for name, error in bad.items():
+                self.manifest.mark_bad(name, bad_shard(self.infos[name], error))
+        except OSError as exc:
+            raise JobError(f"output folder {self.out_dir}: {exc}") from exc
+        return {**self.bad_shards, **bad}
+
+
+@contextmanager
+def planned_job(config: JobConfig, *, restart: bool = False) -> Iterator[JobPlan]:
+    """Check every input and the output folder, lock the folder (held until the block ends),
+    check the device, load the model, open the manifest (refusing a changed configuration or
+    changed inputs unless `restart`), clean temporary files and plan the shards still to do.
+    Raises InputError / ConfigChangedError before anything in the output folder changes."""
     paths, infos, unreadable = _plan_shards(config)  # every input checked before any work
     out_dir = config.resolve_path(config.io.output)
     check_output_outside_inputs(out_dir, config.io.input, config.base_dir, paths)
     check_output_dir(out_dir)
     with OutputLock(out_dir):
-        return _run_locked(config, out_dir, infos, unreadable, restart, use_tqdm, start)
+        check_device(config)
+        checkpoint = load_model(config)
+        fingerprint = job_fingerprint(config, checkpoint)
+        names = sorted([info.name for info in infos] + list(unreadable))
+        try:
+            manifest = open_manifest(
+                out_dir,
+                fingerprint,
+                names,
+                restart=restart,
+                job_time=datetime.now().replace(microsecond=0).isoformat(),
+            )
+            clean_temp_files(out_dir)
+            resume = plan_resume(out_dir, manifest, fingerprint, infos, list(unreadable))
+            for name, path in unreadable.items():
+                manifest.mark_bad(name, bad_shard(path, f"{path}: unreadable Parquet footer"))
+        except OSError as exc:
+            raise InputError(f"output folder {out_dir}: {exc}") from exc
+        recorded = manifest.bad_shards()
+        todo = [
+            ShardMeta(
+                index=i,
+                name=info.name,
+                num_rows=info.num_rows,
+                input_path=str(info.path),
+                id_type=info.id_type,
+                passthrough=info.passthrough,
+            )
+            for i, info in enumerate(resume.todo)
+        ]
+        yield JobPlan(
+            out_dir=out_dir,
+            manifest=manifest,
+            checkpoint=checkpoint,
+            fingerprint=fingerprint,
+            todo=todo,
+            identities={info.name: info.identity() for info in resume.todo},
+            infos={info.name: info for info in resume.todo},
+            skipped=len(resume.skipped),
+            bad_shards={**resume.known_bad, **{n: recorded[n].error for n in unreadable}},
+        )
 
 
-def _run_locked(
-    config: JobConfig,
-    out_dir: Path,
-    infos: list[ShardInfo],
-    unreadable: dict[str, Path],
-    restart: bool,
-    use_tqdm: bool,
-    start: float,
-) -> JobSummary:
-    check_device(config)
-    checkpoint = load_model(config)
-    fingerprint = _fingerprint(config, checkpoint)
-    names = sorted([info.name for info in infos] + list(unreadable))
-    try:
-        manifest = open_manifest(
-            out_dir,
-            fingerprint,
-            names,
-            restart=restart,
-            job_time=datetime.now().replace(microsecond=0).isoformat(),
-        )
-        clean_temp_files(out_dir)
-        plan = plan_resume(out_dir, manifest, fingerprint, infos, list(unreadable))
-        for name, path in unreadable.items():
-            manifest.mark_bad(name, bad_shard(path, f"{path}: unreadable Parquet footer"))
-    except OSError as exc:
-        raise InputError(f"output folder {out_dir}: {exc}") from exc
-    todo = [
-        ShardMeta(
-            index=i,
-            name=info.name,
-            num_rows=info.num_rows,
-            input_path=str(info.path),
-            id_type=info.id_type,
-            passthrough=info.passthrough,
-        )
-        for i, info in enumerate(plan.todo)
-    ]
+def build_job_engine(config: JobConfig, checkpoint: Checkpoint, job_time: str) -> tuple[LLMEngine, RowPreparer]:
+    """The engine and row preparer of a job; `job_time` (ISO, from the manifest) is the date
+    chat templates see. Raises InputError naming the job file's `engine` section."""
     engine = build_engine(config, checkpoint)
     preparer = RowPreparer(
         checkpoint.tokenizer,
@@ -270,9 +231,14 @@ def _run_locked(
         max_model_len=engine.max_model_len,
         prompt_too_long=config.prompt_too_long,
         job_seed=config.seed,
-        now=datetime.fromisoformat(manifest.job_time),
+        now=datetime.fromisoformat(job_time),
     )
-    options = PipelineOptions(
+    return engine, preparer
+
+
+def pipeline_options(config: JobConfig, *, use_tqdm: bool) -> PipelineOptions:
+    """The pipeline's options from the job file."""
+    return PipelineOptions(
         columns=config.io.columns,
         batch_rows=config.io.batch_rows,
         order=config.order,
@@ -284,26 +250,31 @@ def _run_locked(
         use_tqdm=use_tqdm,
         on_bad_shard=config.on_bad_shard,
     )
-    identities = {info.name: info.identity() for info in plan.todo}
-    sink = _FileSink(out_dir, manifest, config, fingerprint, identities)
-    stats = run_pipeline_sync(engine, preparer, _FileSource(config), sink, todo, options)
-    by_name = {info.name: info for info in plan.todo}
-    try:
-        for name, error in stats.bad_shards.items():
-            manifest.mark_bad(name, bad_shard(by_name[name], error))
-        recorded = manifest.bad_shards()
-        bad = {**plan.known_bad, **{n: recorded[n].error for n in unreadable}, **stats.bad_shards}
+
+
+def run_job(config: JobConfig, *, restart: bool = False, use_tqdm: bool = True) -> JobSummary:
+    """Run (or resume) the job. Raises InputError / ConfigChangedError for setup problems
+    (nothing in the output folder changed), JobError for a failure while running (nothing
+    partial committed); other exceptions are bugs."""
+    start = time.perf_counter()
+    with planned_job(config, restart=restart) as plan:
+        engine, preparer = build_job_engine(config, plan.checkpoint, plan.manifest.job_time)
+        sink = FileSink(plan.out_dir, config, plan.fingerprint, plan.identities, plan.manifest.mark_committed)
+        options = pipeline_options(config, use_tqdm=use_tqdm)
+        stats = run_pipeline_sync(engine, preparer, FileSource(config), sink, plan.todo, options)
+        bad = plan.record_bad_shards(stats.bad_shards)
         summary = make_summary(
             stats,
             time.perf_counter() - start,
-            skipped=len(plan.skipped),
+            skipped=plan.skipped,
             bad_shards=bad,
             duplicate_ids=preparer.num_duplicate_ids_across_shards,
             ids_tracked=preparer.num_ids_tracked,
         )
-        write_json_atomic(out_dir / "summary.json", summary.data)
-    except OSError as exc:
-        raise JobError(f"output folder {out_dir}: {exc}") from exc
+        try:
+            write_json_atomic(plan.out_dir / "summary.json", summary.data)
+        except OSError as exc:
+            raise JobError(f"output folder {plan.out_dir}: {exc}") from exc
     return summary
 
 
@@ -315,10 +286,12 @@ def make_summary(
     bad_shards: Mapping[str, str],
     duplicate_ids: int,
     ids_tracked: int,
+    duplicates_checked: bool = True,
 ) -> JobSummary:
     """The run's figures. `bad_shards` (name -> error) are the shards skipped as unreadable,
     this run or before; `duplicate_ids` counts rows whose id another shard of this run already
-    had, checked over the first `ids_tracked` distinct ids (complete below MAX_TRACKED_IDS)."""
+    had, checked over the first `ids_tracked` distinct ids (complete below MAX_TRACKED_IDS);
+    `duplicates_checked` is False where no one process saw every shard (the Ray executor)."""
     engine = stats.engine
     prompt = engine.get("prompt_tokens", 0)
     output = engine.get("generation_tokens", 0)
@@ -336,7 +309,7 @@ def make_summary(
                 "duplicate_ids_across_shards": duplicate_ids,
                 "duplicate_id_check": {
                     "ids_tracked": ids_tracked,
-                    "complete": ids_tracked < MAX_TRACKED_IDS,
+                    "complete": duplicates_checked and ids_tracked < MAX_TRACKED_IDS,
                 },
             },
             "tokens": {

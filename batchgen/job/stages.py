@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -89,6 +89,9 @@ class PipelineOptions:
     include_logprobs: bool
     use_tqdm: bool = True
     on_bad_shard: str = "fail"  # "fail" | "skip": what an unreadable input shard does
+    # Called after each batch of rows is written: (rows written, the engine's output tokens so
+    # far, its prefix hit rate so far). A Ray worker reports its progress to the driver with it.
+    on_progress: Callable[[int, int, float], None] | None = None
 
 
 @dataclass(slots=True)
@@ -118,8 +121,11 @@ class RowResult:
 
 
 class Progress:
-    def __init__(self, total: int, enabled: bool) -> None:
+    def __init__(
+        self, total: int, enabled: bool, listener: Callable[[int, int, float], None] | None = None
+    ) -> None:
         self._bar = tqdm(total=total, desc="rows", unit="row", disable=not enabled, dynamic_ncols=True)
+        self._listener = listener
         self._start = time.perf_counter()
         self._out_tokens = 0
         self._hit = 0.0
@@ -132,6 +138,8 @@ class Progress:
         elapsed = max(time.perf_counter() - self._start, 1e-9)
         self._bar.set_postfix_str(f"out {self._out_tokens / elapsed:.1f} tok/s, hit {self._hit:.0%}", refresh=False)
         self._bar.update(n)
+        if self._listener is not None:
+            self._listener(n, self._out_tokens, self._hit)
 
     def close(self) -> None:
         self._bar.close()

@@ -12,7 +12,7 @@ import pytest
 from batchgen.engine.config import CacheConfig, RunnerConfig, SchedulerConfig
 from batchgen.engine.sampling_params import SamplingParams
 from batchgen.io import ColumnMap
-from batchgen.job.config import IoConfig, JobConfig, JobConfigError
+from batchgen.job.config import IoConfig, JobConfig, JobConfigError, RayConfig
 from batchgen.job.config_file import job_config_from_dict, load_job_config
 
 FULL_JOB = """\
@@ -309,7 +309,33 @@ BAD_CASES = [
         [],
         ["input.columns.passthrough: column 'seed' has the name of an output column"],
     ),
-    ("ray-executor", MINIMAL_JOB + "executor: ray\n", [], ["executor 'ray' is not available yet"]),
+    (
+        "ray-unknown-key",
+        MINIMAL_JOB + "executor: ray\nray: {num_worker: 2}\n",
+        [],
+        ["unknown key 'ray.num_worker' (did you mean 'ray.num_workers'?)"],
+    ),
+    (
+        "ray-workers-range",
+        MINIMAL_JOB + "executor: ray\nray: {num_workers: 0}\n",
+        [],
+        ["ray.num_workers: expected an integer >= 1, got 0"],
+    ),
+    (
+        "ray-gpus-type",
+        MINIMAL_JOB + "ray: {num_gpus_per_worker: one}\n",
+        [],
+        ["ray.num_gpus_per_worker: expected a number >= 0, got 'one'"],
+    ),
+    (
+        "ray-retries-negative",
+        MINIMAL_JOB,
+        ["ray.max_retries=-1"],
+        ["ray.max_retries: expected an integer >= 0, got -1"],
+    ),
+    ("ray-address-empty", MINIMAL_JOB + "ray: {address: ''}\n", [], ["ray.address: expected"]),
+    ("ray-not-a-mapping", MINIMAL_JOB + "ray: 4\n", [], ["ray: expected a mapping, got 4"]),
+    ("executor-unknown", MINIMAL_JOB + "executor: dask\n", [], ["executor: expected one of local, ray"]),
     (
         "error-rate-range",
         MINIMAL_JOB + "max_error_rate: 1.5\n",
@@ -335,6 +361,22 @@ def test_bad_job_files(
     for part in expected:
         assert part in message, message
     assert "Traceback" not in message
+
+
+def test_ray_section(tmp_path: Path) -> None:
+    text = MINIMAL_JOB + (
+        "executor: ray\nray:\n  address: auto\n  num_workers: 4\n"
+        "  num_cpus_per_worker: 0.5\n  num_gpus_per_worker: 1\n  max_retries: 0\n"
+    )
+    config = load_job_config(_job_file(tmp_path, text))
+    assert config.executor == "ray"
+    assert config.ray == RayConfig(
+        address="auto", num_workers=4, num_cpus_per_worker=0.5, num_gpus_per_worker=1, max_retries=0
+    )
+    default = load_job_config(_job_file(tmp_path, MINIMAL_JOB, name="plain.yaml"))
+    assert default.ray == RayConfig() and default.executor == "local"
+    # Where the job runs does not change its rows: a job may resume under another executor.
+    assert config.fingerprint_fields() == default.fingerprint_fields()
 
 
 def test_missing_job_file(tmp_path: Path) -> None:
