@@ -35,6 +35,7 @@ from .writer import (
     clean_temp_files,
     fsync_path,
     write_json_atomic,
+    write_parquet_atomic,
 )
 
 __all__ = [
@@ -60,4 +61,5 @@ __all__ = [
     "rows_to_batch",
     "summarize_output_shard",
     "write_json_atomic",
+    "write_parquet_atomic",
 ]

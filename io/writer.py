@@ -35,6 +35,7 @@ __all__ = [
     "fsync_path",
     "new_temp_path",
     "write_json_atomic",
+    "write_parquet_atomic",
 ]
 
 _TEMP_GLOB = ".*.tmp-*"
@@ -65,6 +66,21 @@ def write_json_atomic(path: Path, data: object) -> None:
             handle.write(text)
             handle.flush()
             os.fsync(handle.fileno())
+        os.replace(temp, path)
+    except BaseException:
+        temp.unlink(missing_ok=True)
+        raise
+    fsync_path(path.parent)
+
+
+def write_parquet_atomic(path: Path, table: pa.Table) -> None:
+    """Replace `path` with `table` as one Parquet file, atomically and durably (temporary file,
+    fsync, rename, fsync of the folder), for small side files such as ``timeline.parquet``.
+    Raises OSError / pyarrow errors if it cannot be written; no temporary file is left."""
+    temp = new_temp_path(path.parent, path.name)
+    try:
+        pq.write_table(table, temp, compression="zstd")
+        fsync_path(temp)
         os.replace(temp, path)
     except BaseException:
         temp.unlink(missing_ok=True)

@@ -38,6 +38,8 @@ Layout (every key but ``input.path`` and ``output.path`` is optional; defaults s
     max_error_rate: 0.5         # stop when error rows / rows done exceeds it ...
     min_rows_for_error_rate: 100  # ... after at least this many rows
     executor: local             # local (ray is not available yet)
+    report: true                # write report.html (plots of timeline.parquet) at the end of a run
+    timeline_rows: 1024         # the most rows of the engine timeline per run (even, >= 2)
 
 Invariants:
 - Unknown keys at any level are errors (with the nearest known key as a suggestion); every
@@ -138,6 +140,8 @@ class JobConfig:
     max_error_rate: float = 0.5
     min_rows_for_error_rate: int = 100
     executor: Executor = "local"
+    report: bool = True
+    timeline_rows: int = 1024
 
     def __post_init__(self) -> None:
         if self.model is not None:
@@ -158,6 +162,10 @@ class JobConfig:
         _expect_choice("executor", self.executor, get_args(Executor))
         if self.executor == "ray":
             raise ValueError("executor 'ray' is not available yet; use executor: local")
+        _expect_bool("report", self.report)
+        check_int("timeline_rows", self.timeline_rows, minimum=2)
+        if self.timeline_rows % 2:
+            raise ValueError(f"timeline_rows: expected an even number, got {self.timeline_rows}")
 
     def resolve_path(self, p: str) -> Path:
         """`p` as written in the job file, made absolute against the job file's folder."""

@@ -41,6 +41,8 @@ _TOP_KEYS = (
     "max_error_rate",
     "min_rows_for_error_rate",
     "executor",
+    "report",
+    "timeline_rows",
 )
 _INPUT_KEYS = ("path", "columns", "batch_rows")
 _COLUMN_KEYS = ("id", "prompt", "messages", "sampling_params", "passthrough")

@@ -39,6 +39,7 @@ from batchgen.job.pipeline import run_pipeline_sync
 from batchgen.job.prepare import RowPreparer
 from batchgen.job.shard_assembly import achieved_hit_rate, ideal_hit_rate
 from batchgen.job.stages import JobError, PipelineOptions, PipelineStats, ShardMeta, ShardStats
+from batchgen.job.timeline_file import TimelineFile, describe_environment, new_run_id
 from batchgen.models.checkpoint import Checkpoint, load_checkpoint
 
 __all__ = ["ConfigChangedError", "JobSummary", "build_engine", "run_job"]
@@ -83,6 +84,7 @@ def build_engine(config: JobConfig, checkpoint: Checkpoint) -> LLMEngine:
         cache_config=config.cache,
         runner_config=config.runner,
         seed=config.seed,
+        timeline_max_rows=config.timeline_rows,
     )
 
 
@@ -99,8 +101,11 @@ class _FileSource:
 
 
 class _FileSink:
-    def __init__(self, out_dir: Path, manifest: Manifest, config: JobConfig) -> None:
+    def __init__(
+        self, out_dir: Path, manifest: Manifest, config: JobConfig, timeline: TimelineFile
+    ) -> None:
         self._out_dir = out_dir
+        self._timeline = timeline
         self._manifest = manifest
         self._config = config
         self._writers: dict[int, OutputShardWriter] = {}
@@ -123,6 +128,7 @@ class _FileSink:
     def write(self, shard: ShardMeta, rows: Sequence[OutputRow]) -> None:
         writer = self._writer(shard)
         writer.write(rows_to_batch(rows, self._schemas[shard.index]))
+        self._timeline.save_if_due()
 
     def commit(self, shard: ShardMeta, stats: ShardStats) -> None:
         writer = self._writer(shard)
@@ -137,6 +143,7 @@ class _FileSink:
             shard.name,
             dataclasses.replace(record, wall_s=round(time.perf_counter() - stats.started, 3)),
         )
+        self._timeline.save()
 
     def abort(self) -> None:
         for writer in self._writers.values():
@@ -175,6 +182,7 @@ def run_job(config: JobConfig, *, restart: bool = False, use_tqdm: bool = True) 
     fingerprint = _fingerprint(config, checkpoint)
 
     manifest = Manifest.load(out_dir)
+    keep_timeline = manifest is not None and not restart
     names = [info.name for _, info in infos]
     if manifest is not None and not restart:
         changes = manifest.diff_fingerprint(fingerprint)
@@ -245,11 +253,34 @@ def run_job(config: JobConfig, *, restart: bool = False, use_tqdm: bool = True) 
         include_logprobs=config.io.include_logprobs,
         use_tqdm=use_tqdm,
     )
-    sink = _FileSink(out_dir, manifest, config)
-    stats = run_pipeline_sync(engine, preparer, _FileSource(config), sink, todo, options)
+    timeline = TimelineFile(out_dir, new_run_id(), engine.timeline, keep_previous=keep_timeline)
+    sink = _FileSink(out_dir, manifest, config, timeline)
+    try:
+        stats = run_pipeline_sync(engine, preparer, _FileSource(config), sink, todo, options)
+    finally:
+        timeline.save()  # a failed run's timeline is kept too
     summary = make_summary(stats, time.perf_counter() - start, skipped=skipped)
+    summary.data["run"] = {
+        "run_id": timeline.run_id,
+        "run_index": timeline.run_index,
+        "model": model or "built-in SmolLM2-135M-Instruct",
+        "config": _jsonable(dataclasses.asdict(config)),
+        **describe_environment(
+            str(engine.runner.model.device), str(engine.runner.model.dtype), engine.kv.num_blocks
+        ),
+    }
     write_json_atomic(out_dir / "summary.json", summary.data)
     return summary
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple | set | frozenset):
+        return [_jsonable(v) for v in value]
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    return str(value)
 
 
 def make_summary(stats: PipelineStats, wall_s: float, *, skipped: int) -> JobSummary:
