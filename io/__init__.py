@@ -30,10 +30,14 @@ from .schema import (
     rows_to_batch,
 )
 from .writer import (
+    REPORT_NAME,
+    SUMMARY_NAME,
+    TIMELINE_NAME,
     OutputShardWriter,
     check_output_dir,
     clean_temp_files,
     fsync_path,
+    write_bytes_atomic,
     write_json_atomic,
     write_parquet_atomic,
 )
@@ -42,6 +46,9 @@ __all__ = [
     "FINISH_REASONS",
     "MANIFEST_NAME",
     "OUTPUT_COLUMNS",
+    "REPORT_NAME",
+    "SUMMARY_NAME",
+    "TIMELINE_NAME",
     "ColumnMap",
     "InputError",
     "Manifest",
@@ -60,6 +67,7 @@ __all__ = [
     "resolve_path",
     "rows_to_batch",
     "summarize_output_shard",
+    "write_bytes_atomic",
     "write_json_atomic",
     "write_parquet_atomic",
 ]

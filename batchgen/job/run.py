@@ -20,6 +20,7 @@ import pyarrow as pa
 from batchgen import __version__
 from batchgen.engine.llm_engine import LLMEngine
 from batchgen.io import (
+    SUMMARY_NAME,
     InputError,
     Manifest,
     OutputRow,
@@ -269,7 +270,7 @@ def run_job(config: JobConfig, *, restart: bool = False, use_tqdm: bool = True) 
             str(engine.runner.model.device), str(engine.runner.model.dtype), engine.kv.num_blocks
         ),
     }
-    write_json_atomic(out_dir / "summary.json", summary.data)
+    write_json_atomic(out_dir / SUMMARY_NAME, summary.data)
     return summary
 
 

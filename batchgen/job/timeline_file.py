@@ -27,12 +27,10 @@ import pyarrow.parquet as pq
 
 from batchgen import __version__
 from batchgen.engine.timeline import Timeline, TimelineRow
-from batchgen.io import write_parquet_atomic
+from batchgen.io import TIMELINE_NAME, write_parquet_atomic
 from batchgen.job.stages import JobError
 
-__all__ = ["TIMELINE_NAME", "TimelineFile", "describe_environment", "new_run_id", "timeline_schema"]
-
-TIMELINE_NAME = "timeline.parquet"
+__all__ = ["TimelineFile", "describe_environment", "new_run_id", "timeline_schema"]
 
 _FLOAT_FIELDS = {"t_start", "t_end", "step_s", "seqs_running", "seqs_waiting", "kv_blocks_used",
                  "kv_blocks_cached", "kv_blocks_free"}
@@ -143,7 +141,7 @@ def _cpu_model() -> str:
         with open("/proc/cpuinfo", encoding="utf-8") as handle:
             for line in handle:
                 if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
+                    return str(line.split(":", 1)[1].strip())
     except OSError:
         pass
-    return platform.processor() or platform.machine()
+    return str(platform.processor() or platform.machine())
