@@ -51,6 +51,7 @@ __all__ = [
 ]
 
 KILL_WRAPPER = Path(__file__).resolve()
+_REPO_ROOT = KILL_WRAPPER.parents[2]
 TIMELINE = "timeline.parquet"  # the job's timeline beside the shards, not an output shard
 
 _PREAMBLES = (
@@ -122,11 +123,13 @@ def file_state(path: Path) -> tuple[str, int, int]:
 
 
 def subprocess_env() -> dict[str, str]:
-    """The environment of a job subprocess: one thread, offline."""
+    """The environment of a job subprocess: one thread, offline, and this checkout's code first
+    (an editable install elsewhere would otherwise answer `import batchgen`)."""
     env = dict(os.environ)
     env.update(
         OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false"
     )
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_REPO_ROOT), env.get("PYTHONPATH")) if p)
     return env
 
 
