@@ -1,7 +1,9 @@
 """`batchgen bench`: throughput of the engine's batching modes, side by side in one process.
 
 All modes run the same prompts with the same weights, one after the other, so the ratios are
-comparable even on a shared, noisy machine. Figures come out as a table and as JSON.
+comparable even on a shared, noisy machine. Figures come out as a table and as JSON, and with
+the JSON a report page (`<out>.html`: the modes side by side, the engine modes' timelines
+overlaid).
 """
 
 from __future__ import annotations
@@ -11,14 +13,17 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
+import pyarrow as pa
 from tqdm.auto import tqdm
 
 from batchgen.data.sharegpt import load_sharegpt_prompts
 from batchgen.engine.config import CacheConfig, RunnerConfig, SchedulerConfig
 from batchgen.engine.llm_engine import LLMEngine
 from batchgen.engine.sampling_params import SamplingParams
+from batchgen.engine.timeline import TimelineRow
+from batchgen.job.timeline_file import describe_environment, new_run_id, timeline_table
 from batchgen.models.checkpoint import Checkpoint, load_checkpoint
 
 __all__ = ["BenchResult", "run_bench"]
@@ -40,6 +45,14 @@ class BenchResult:
     peak_kv_blocks_used: int
 
 
+class _ModeRun(NamedTuple):
+    result: BenchResult
+    timeline: list[TimelineRow]
+    device: str
+    dtype: str
+    num_kv_blocks: int
+
+
 def _run_mode(
     checkpoint: Checkpoint,
     prompts: Sequence[list[int]],
@@ -51,7 +64,7 @@ def _run_mode(
     dtype: str | None,
     device: str | None,
     use_tqdm: bool,
-) -> BenchResult:
+) -> _ModeRun:
     engine = LLMEngine(
         checkpoint,
         scheduler_config=SchedulerConfig(
@@ -72,7 +85,7 @@ def _run_mode(
     bar.close()
     stats = engine.stats()
     prompt_tokens = sum(len(p) for p in prompts)
-    return BenchResult(
+    result = BenchResult(
         mode=batching,
         wall_s=round(wall, 3),
         num_requests=len(prompts),
@@ -86,6 +99,8 @@ def _run_mode(
         num_preemptions=stats.num_preemptions,
         peak_kv_blocks_used=stats.peak_kv_blocks_used,
     )
+    model = engine.runner.model
+    return _ModeRun(result, engine.timeline.rows(), str(model.device), str(model.dtype), stats.num_kv_blocks)
 
 
 def _run_transformers(
@@ -198,6 +213,7 @@ def run_bench(
     if unknown:
         raise ValueError(f"unknown bench mode(s) {', '.join(unknown)}; choose from continuous, static, transformers")
     results = []
+    engine_runs: dict[str, _ModeRun] = {}
     for mode in modes:
         if mode == "transformers":
             results.append(
@@ -206,19 +222,19 @@ def run_bench(
                 )
             )
             continue
-        results.append(
-            _run_mode(
-                checkpoint,
-                prompts,
-                params,
-                batching=mode,
-                max_num_seqs=max_num_seqs,
-                max_num_batched_tokens=max_num_batched_tokens,
-                dtype=dtype,
-                device=device,
-                use_tqdm=use_tqdm,
-            )
+        run = _run_mode(
+            checkpoint,
+            prompts,
+            params,
+            batching=mode,
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens,
+            dtype=dtype,
+            device=device,
+            use_tqdm=use_tqdm,
         )
+        results.append(run.result)
+        engine_runs[mode] = run
     print(format_table(results))
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -231,7 +247,26 @@ def run_bench(
             "results": [asdict(r) for r in results],
         }
         out.write_text(json.dumps(payload, indent=2))
+        settings = {**{k: v for k, v in payload.items() if k != "results"},
+                    "max_num_batched_tokens": max_num_batched_tokens, "dtype": dtype, "device": device}
+        print(f"report: {_write_report(out.with_suffix('.html'), results, engine_runs, settings)}")
     return results
+
+
+def _write_report(
+    path: Path, results: Sequence[BenchResult], runs: dict[str, _ModeRun], settings: dict[str, Any]
+) -> Path:
+    from batchgen.report import write_bench_report
+
+    run_id = new_run_id()
+    tables = [timeline_table(r.timeline, run_id=f"{run_id}-{mode}", run_index=i) for i, (mode, r) in enumerate(runs.items())]
+    first = next(iter(runs.values()), None)
+    if first is not None:
+        settings = {**settings, **describe_environment(first.device, first.dtype, first.num_kv_blocks)}
+    labels = dict(enumerate(runs))
+    timeline = pa.concat_tables(tables) if tables else None
+    path = write_bench_report(path, [asdict(r) for r in results], timeline=timeline, labels=labels, settings=settings)
+    return path
 
 
 def format_table(results: Sequence[BenchResult]) -> str:

@@ -30,7 +30,7 @@ from batchgen.engine.timeline import Timeline, TimelineRow
 from batchgen.io import TIMELINE_NAME, write_parquet_atomic
 from batchgen.job.stages import JobError
 
-__all__ = ["TimelineFile", "describe_environment", "new_run_id", "timeline_schema"]
+__all__ = ["TimelineFile", "describe_environment", "new_run_id", "timeline_schema", "timeline_table"]
 
 _FLOAT_FIELDS = {"t_start", "t_end", "step_s", "seqs_running", "seqs_waiting", "kv_blocks_used",
                  "kv_blocks_cached", "kv_blocks_free"}
@@ -42,6 +42,14 @@ def timeline_schema() -> pa.Schema:
     for name in TimelineRow.field_names():
         columns.append(pa.field(name, pa.float64() if name in _FLOAT_FIELDS else pa.int64()))
     return pa.schema(columns)
+
+
+def timeline_table(rows: Sequence[TimelineRow], *, run_id: str, run_index: int) -> pa.Table:
+    """`rows` as a table of `timeline_schema()`, every row labelled with the run."""
+    columns: dict[str, list[Any]] = {"run_id": [run_id] * len(rows), "run_index": [run_index] * len(rows)}
+    for name in TimelineRow.field_names():
+        columns[name] = [getattr(r, name) for r in rows]
+    return pa.table(columns, schema=timeline_schema())
 
 
 def new_run_id() -> str:
@@ -85,13 +93,7 @@ class TimelineFile:
 
     def table(self, rows: Sequence[TimelineRow]) -> pa.Table:
         """The earlier runs' rows followed by `rows`, labelled with this run."""
-        columns: dict[str, list[Any]] = {
-            "run_id": [self.run_id] * len(rows),
-            "run_index": [self.run_index] * len(rows),
-        }
-        for name in TimelineRow.field_names():
-            columns[name] = [getattr(r, name) for r in rows]
-        current = pa.table(columns, schema=self._schema)
+        current = timeline_table(rows, run_id=self.run_id, run_index=self.run_index)
         return pa.concat_tables([self._previous, current])
 
     def save(self) -> None:

@@ -51,6 +51,6 @@ def write_bench_report(
         page.section("Timeline", Page.text("No engine mode ran (no timeline).", note=True))
     scalars = [(k, v) for k, v in settings.items() if not isinstance(v, Mapping)]
     nested = {k: v for k, v in settings.items() if isinstance(v, Mapping)}
-    page.section("Settings and machine", kv_table(scalars), *(pre_json(nested) for _ in [0] if nested))
+    page.section("Settings and machine", kv_table(scalars), *([pre_json(nested)] if nested else []))
     write_bytes_atomic(path, page.html().encode("utf-8"))
     return path

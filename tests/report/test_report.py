@@ -6,9 +6,7 @@ Jobs run in-process through `batchgen.cli.main.main` on one tiny model for the m
 
 from __future__ import annotations
 
-import base64
 import json
-import re
 from pathlib import Path
 from typing import Any
 
@@ -19,9 +17,8 @@ import pytest
 
 from batchgen.cli.main import main
 from tests.job.helpers import make_prompt_shards, write_job
+from tests.report.helpers import PNG_MAGIC, assert_self_contained, images
 from tests.tiny_models import make_tiny_hf_folder
-
-_PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
 @pytest.fixture(scope="module")
@@ -48,19 +45,6 @@ def _run(job: Path, capsys: pytest.CaptureFixture[str]) -> str:
     return capsys.readouterr().out
 
 
-def _images(page: str) -> list[bytes]:
-    return [base64.b64decode(m) for m in re.findall(r'src="data:image/png;base64,([A-Za-z0-9+/=]+)"', page)]
-
-
-def assert_self_contained(page: str) -> None:
-    """One file: no script, no stylesheet or image fetched from anywhere, every image inline."""
-    assert page.startswith("<!DOCTYPE html>") and page.rstrip().endswith("</html>")
-    assert "<script" not in page.lower()
-    assert not re.search(r"""(src|href)\s*=\s*["'](?!data:)""", page), "an external resource"
-    assert "http://" not in page and "https://" not in page
-    assert all(img.startswith(_PNG_MAGIC) for img in _images(page))
-
-
 def _timeline(out: Path) -> pa.Table:
     return pq.read_table(out / "timeline.parquet")
 
@@ -74,7 +58,7 @@ def test_report_for_a_job_with_zero_rows(tmp_path: Path, model_dir: Path, capsys
     assert f"report                      {out / 'report.html'}" in printed
     page = (out / "report.html").read_text()
     assert_self_contained(page)
-    assert _images(page) == []
+    assert images(page) == []
     assert "No engine step recorded" in page and "part-0.parquet" in page
     assert _timeline(out).num_rows == 0
 
@@ -94,7 +78,7 @@ def test_report_for_a_job_with_only_error_rows(
     assert pc.sum(timeline["error_rows"]).as_py() == 5 and pc.sum(timeline["num_steps"]).as_py() == 0
     page = (out / "report.html").read_text()
     assert_self_contained(page)
-    assert _images(page) == []
+    assert images(page) == []
     assert "No engine step recorded" in page
     # Errors by code, with example rows read back from the output shard.
     assert "invalid_prompt" in page and "the prompt is null" in page and "the prompt is empty" in page
@@ -118,7 +102,7 @@ def test_report_with_preemptions_and_png_figures(
     assert pc.sum(_timeline(out)["preemptions"]).as_py() == summary["preemptions"]
     page = (out / "report.html").read_text()
     assert_self_contained(page)
-    assert len(_images(page)) == 4
+    assert len(images(page)) == 4
     for title in ("Throughput over time", "Batch size and queue length", "KV pool use, preemptions marked",
                   "Prefix-cache hit rate"):
         assert title in page
@@ -133,7 +117,7 @@ def test_report_with_preemptions_and_png_figures(
     pngs = sorted(Path(p).name for p in printed[1:])
     assert pngs == ["batch.png", "kv_pool.png", "prefix_hit_rate.png", "throughput.png"]
     for name in pngs:
-        assert (out / "report_figures" / name).read_bytes().startswith(_PNG_MAGIC)
+        assert (out / "report_figures" / name).read_bytes().startswith(PNG_MAGIC)
 
 
 def test_report_key_off_and_missing_folder(
