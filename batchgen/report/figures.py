@@ -122,17 +122,26 @@ def _color(i: int) -> str:
 
 
 def _throughput(traces: Sequence[RunTrace]) -> bytes:
-    fig, ax = _new_axes("Throughput (tokens/s per interval)", "tokens/s")
+    # Prompt tokens come in bursts far above the output rate: they get their own axis.
+    fig, ax = _new_axes("Throughput per interval: output (left), prompt (right)", "output tokens/s")
+    right = ax.twinx()
+    right.set_ylabel("prompt tokens/s (computed + cached)")
     many = len(traces) > 1
+    lines = []
     for i, t in enumerate(traces):
-        out = t.col("output_tokens") / t.dt
-        prompt = (t.col("prefill_tokens") + t.col("cached_tokens")) / t.dt
+        steps = t.col("num_steps") > 0  # a last row may only hold rows emitted after the steps
+        out = (t.col("output_tokens") / t.dt)[steps]
+        prompt = ((t.col("prefill_tokens") + t.col("cached_tokens")) / t.dt)[steps]
         suffix = f" ({t.label})" if many else ""
-        ax.plot(t.x, out, color=_color(2 * i), label=f"output tok/s{suffix}", linewidth=1.4)
-        ax.plot(t.x, prompt, color=_color(2 * i + 1), label=f"prompt tok/s{suffix}", linewidth=1.0, alpha=0.8)
+        lines += right.plot(t.x[steps], prompt, color=_color(2 * i + 1), label=f"prompt tok/s{suffix}", linewidth=0.8,
+                            alpha=0.6)
+        lines += ax.plot(t.x[steps], out, color=_color(2 * i), label=f"output tok/s{suffix}", linewidth=1.6)
+    ax.set_zorder(right.get_zorder() + 1)  # the output line above the prompt bursts
+    ax.patch.set_visible(False)
     _mark_runs(ax, traces)
     ax.set_ylim(bottom=0)
-    ax.legend(loc="upper right", fontsize=8)
+    right.set_ylim(bottom=0)
+    ax.legend(lines, [str(line.get_label()) for line in lines], loc="upper right", fontsize=8)
     return _png(fig)
 
 
