@@ -172,9 +172,9 @@ def _kv(traces: Sequence[RunTrace]) -> bytes:
                 alpha=0.5, label=f"used, max{suffix}")
         ax.plot(t.x[steps], t.col("kv_blocks_cached")[steps], color=_color(3 * i + 1), linestyle="--",
                 label=f"in prefix cache{suffix}")
-        total = float(t.col("kv_blocks_total").max())
-        top = max(top, total)
-        ax.axhline(total, color=_color(3 * i + 2), linestyle=":", linewidth=1, label=f"pool size{suffix}")
+        top = max(top, float(t.col("kv_blocks_total").max()))
+    for total in sorted({float(t.col("kv_blocks_total").max()) for t in traces}):
+        ax.axhline(total, color="0.3", linestyle=":", linewidth=1, label=f"pool size ({total:,.0f})")
     num_preemptions = 0
     for t in traces:
         hit = t.col("preemptions") > 0
