@@ -50,11 +50,16 @@ from .schema import (
     rows_to_batch,
 )
 from .writer import (
+    REPORT_NAME,
+    SUMMARY_NAME,
+    TIMELINE_NAME,
     OutputShardWriter,
     check_output_dir,
     clean_temp_files,
     fsync_path,
+    write_bytes_atomic,
     write_json_atomic,
+    write_parquet_atomic,
 )
 
 __all__ = [
@@ -62,6 +67,9 @@ __all__ = [
     "LOCK_NAME",
     "MANIFEST_NAME",
     "OUTPUT_COLUMNS",
+    "REPORT_NAME",
+    "SUMMARY_NAME",
+    "TIMELINE_NAME",
     "BadShard",
     "ColumnMap",
     "InputError",
@@ -88,5 +96,7 @@ __all__ = [
     "rows_to_batch",
     "shard_metadata",
     "summarize_output_shard",
+    "write_bytes_atomic",
     "write_json_atomic",
+    "write_parquet_atomic",
 ]

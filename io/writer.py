@@ -29,13 +29,23 @@ import pyarrow.parquet as pq
 from .errors import InputError
 
 __all__ = [
+    "REPORT_NAME",
+    "SUMMARY_NAME",
+    "TIMELINE_NAME",
     "OutputShardWriter",
     "check_output_dir",
     "clean_temp_files",
     "fsync_path",
     "new_temp_path",
+    "write_bytes_atomic",
     "write_json_atomic",
+    "write_parquet_atomic",
 ]
+
+# Side files of a job beside its output shards (the manifest is MANIFEST_NAME in manifest.py).
+SUMMARY_NAME = "summary.json"
+TIMELINE_NAME = "timeline.parquet"
+REPORT_NAME = "report.html"
 
 _TEMP_GLOB = ".*.tmp-*"
 
@@ -65,6 +75,37 @@ def write_json_atomic(path: Path, data: object) -> None:
             handle.write(text)
             handle.flush()
             os.fsync(handle.fileno())
+        os.replace(temp, path)
+    except BaseException:
+        temp.unlink(missing_ok=True)
+        raise
+    fsync_path(path.parent)
+
+
+def write_bytes_atomic(path: Path, data: bytes) -> None:
+    """Replace `path` with `data`, atomically and durably (temporary file, fsync, rename, fsync
+    of the folder). Raises OSError if it cannot be written; no temporary file is left."""
+    temp = new_temp_path(path.parent, path.name)
+    try:
+        with temp.open("wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temp, path)
+    except BaseException:
+        temp.unlink(missing_ok=True)
+        raise
+    fsync_path(path.parent)
+
+
+def write_parquet_atomic(path: Path, table: pa.Table) -> None:
+    """Replace `path` with `table` as one Parquet file, atomically and durably (temporary file,
+    fsync, rename, fsync of the folder), for small side files such as ``timeline.parquet``.
+    Raises OSError / pyarrow errors if it cannot be written; no temporary file is left."""
+    temp = new_temp_path(path.parent, path.name)
+    try:
+        pq.write_table(table, temp, compression="zstd")
+        fsync_path(temp)
         os.replace(temp, path)
     except BaseException:
         temp.unlink(missing_ok=True)

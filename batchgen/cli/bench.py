@@ -1,7 +1,9 @@
 """`batchgen bench`: throughput of the engine's batching modes, side by side in one process.
 
 All modes run the same prompts with the same weights, one after the other, so the ratios are
-comparable even on a shared, noisy machine. Figures come out as a table and as JSON.
+comparable even on a shared, noisy machine. Figures come out as a table and as JSON, and with
+the JSON a report page (`<out>.html`: the modes side by side, the engine modes' timelines
+overlaid).
 """
 
 from __future__ import annotations
@@ -12,8 +14,9 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
+import pyarrow as pa
 from tqdm.auto import tqdm
 
 from batchgen.data.sharegpt import load_sharegpt_prompts
@@ -27,6 +30,8 @@ from batchgen.data.workloads import (
 from batchgen.engine.config import CacheConfig, RunnerConfig, SchedulerConfig
 from batchgen.engine.llm_engine import LLMEngine
 from batchgen.engine.sampling_params import SamplingParams
+from batchgen.engine.timeline import TimelineRow
+from batchgen.job.timeline_file import describe_environment, new_run_id, timeline_table
 from batchgen.models.checkpoint import Checkpoint, load_checkpoint
 
 __all__ = ["BenchResult", "run_bench"]
@@ -54,6 +59,14 @@ def _digest(outputs: Sequence[Sequence[int]]) -> str:
     return hashlib.sha256(json.dumps([list(o) for o in outputs]).encode()).hexdigest()
 
 
+class _ModeRun(NamedTuple):
+    result: BenchResult
+    timeline: list[TimelineRow]
+    device: str
+    dtype: str
+    num_kv_blocks: int
+
+
 def _run_mode(
     checkpoint: Checkpoint,
     prompts: Sequence[list[int]],
@@ -67,7 +80,7 @@ def _run_mode(
     use_tqdm: bool,
     cache_config: CacheConfig | None = None,
     outputs: dict[int, tuple[int, ...]] | None = None,
-) -> BenchResult:
+) -> _ModeRun:
     """Run every prompt through one engine; fills `outputs` (prompt index -> generated ids)."""
     engine = LLMEngine(
         checkpoint,
@@ -80,7 +93,14 @@ def _run_mode(
         runner_config=RunnerConfig(device=device, dtype=dtype),
     )
     result = _run_engine(engine, prompts, params, outputs=outputs, use_tqdm=use_tqdm, desc=batching)
-    return _replace_mode(result, batching, "sharegpt")
+    model = engine.runner.model
+    return _ModeRun(
+        _replace_mode(result, batching, "sharegpt"),
+        engine.timeline.rows(),
+        str(model.device),
+        str(model.dtype),
+        engine.stats().num_kv_blocks,
+    )
 
 
 def _run_engine(
@@ -238,6 +258,7 @@ def run_bench(
     if unknown:
         raise ValueError(f"unknown bench mode(s) {', '.join(unknown)}; choose from continuous, static, transformers")
     results = []
+    engine_runs: dict[str, _ModeRun] = {}
     for mode in modes:
         if mode == "transformers":
             results.append(
@@ -246,19 +267,19 @@ def run_bench(
                 )
             )
             continue
-        results.append(
-            _run_mode(
-                checkpoint,
-                prompts,
-                params,
-                batching=mode,
-                max_num_seqs=max_num_seqs,
-                max_num_batched_tokens=max_num_batched_tokens,
-                dtype=dtype,
-                device=device,
-                use_tqdm=use_tqdm,
-            )
+        run = _run_mode(
+            checkpoint,
+            prompts,
+            params,
+            batching=mode,
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens,
+            dtype=dtype,
+            device=device,
+            use_tqdm=use_tqdm,
         )
+        results.append(run.result)
+        engine_runs[mode] = run
     print(format_table(results))
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -271,7 +292,26 @@ def run_bench(
             "results": [asdict(r) for r in results],
         }
         out.write_text(json.dumps(payload, indent=2))
+        settings = {**{k: v for k, v in payload.items() if k != "results"},
+                    "max_num_batched_tokens": max_num_batched_tokens, "dtype": dtype, "device": device}
+        print(f"report: {_write_report(out.with_suffix('.html'), results, engine_runs, settings)}")
     return results
+
+
+def _write_report(
+    path: Path, results: Sequence[BenchResult], runs: dict[str, _ModeRun], settings: dict[str, Any]
+) -> Path:
+    from batchgen.report import write_bench_report
+
+    run_id = new_run_id()
+    tables = [timeline_table(r.timeline, run_id=f"{run_id}-{mode}", run_index=i) for i, (mode, r) in enumerate(runs.items())]
+    first = next(iter(runs.values()), None)
+    if first is not None:
+        settings = {**settings, **describe_environment(first.device, first.dtype, first.num_kv_blocks)}
+    labels = dict(enumerate(runs))
+    timeline = pa.concat_tables(tables) if tables else None
+    path = write_bench_report(path, [asdict(r) for r in results], timeline=timeline, labels=labels, settings=settings)
+    return path
 
 
 def run_workload_bench(

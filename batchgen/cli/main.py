@@ -1,4 +1,4 @@
-"""Command line: `batchgen run job.yaml`, `bench`, `gpu-check`, `prepare-sharegpt`.
+"""Command line: `batchgen run job.yaml`, `report`, `bench`, `gpu-check`, `prepare-sharegpt`.
 
 The CLI is the only place that reads environment variables and sets process-wide torch options.
 """
@@ -114,6 +114,31 @@ def _run(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     print(summary.table())
+    if config.report:
+        from batchgen.report import write_job_report
+
+        out_dir = config.resolve_path(config.io.output)
+        try:
+            path = write_job_report(out_dir).html
+        except (OSError, ValueError) as exc:
+            print(f"error: the job finished, but its report could not be written: {exc}", file=sys.stderr)
+            return 1
+        print(f"{'report':<28}{path}")
+    return 0
+
+
+def _report(args: argparse.Namespace) -> int:
+    from batchgen.io import InputError
+    from batchgen.report import write_job_report
+
+    try:
+        paths = write_job_report(Path(args.out_dir), png=args.format == "png")
+    except (FileNotFoundError, ValueError, InputError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(paths.html)
+    for figure in paths.figures:
+        print(figure)
     return 0
 
 
@@ -147,6 +172,12 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--threads", type=int, default=None, help="torch threads (default: BATCHGEN_THREADS or torch's choice)")
     run.add_argument("--quiet", action="store_true", help="no progress bar")
     run.set_defaults(func=_run)
+    report = sub.add_parser("report", help="write OUT_DIR/report.html: plots of the job's timeline, shards, errors, config")
+    report.add_argument("out_dir", help="a job's output folder (holds summary.json, manifest.json, timeline.parquet)")
+    report.add_argument(
+        "--format", choices=["html", "png"], default="html", help="png: also write each figure as OUT_DIR/report_figures/NAME.png"
+    )
+    report.set_defaults(func=_report)
     prep = sub.add_parser("prepare-sharegpt", help="write real ShareGPT prompts as Parquet shards (for the demo job)")
     prep.add_argument("out", help="output folder")
     prep.add_argument("--rows", type=int, default=128)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import time
 from dataclasses import dataclass
 
 import torch
@@ -23,6 +24,7 @@ from batchgen.engine.scheduler import Scheduler
 from batchgen.engine.seeding import derive_seed
 from batchgen.engine.sequence import Sequence
 from batchgen.engine.step_plan import StepPlan, StepResult
+from batchgen.engine.timeline import Timeline
 from batchgen.models.checkpoint import Checkpoint
 from batchgen.models.llama import LlamaModel
 from batchgen.radix import KVCacheManager
@@ -108,6 +110,7 @@ class LLMEngine:
         cache_config: CacheConfig,
         runner_config: RunnerConfig,
         seed: int = 0,
+        timeline_max_rows: int = 1024,
     ) -> None:
         self.tokenizer = checkpoint.tokenizer
         self.model_config = checkpoint.config
@@ -148,6 +151,7 @@ class LLMEngine:
         self._prompt_tokens = 0
         self._generation_tokens = 0
         self._peak_blocks = 0
+        self.timeline = Timeline(timeline_max_rows, kv_blocks_total=num_blocks)
 
     def _max_model_len(self, runner_config: RunnerConfig) -> int:
         config = self.model_config
@@ -249,6 +253,7 @@ class LLMEngine:
     # ------------------------------------------------------------------- step
     def step(self) -> list[RequestOutput]:
         """Run one step; returns the requests that finished in it."""
+        t_start = time.time()
         plan = self.scheduler.schedule()
         self._peak_blocks = max(self._peak_blocks, self.kv.num_used_blocks)
         if plan.is_empty:
@@ -274,7 +279,26 @@ class LLMEngine:
         for request in touched.values():
             if all(s.is_finished for s in request.seqs):
                 finished.append(self._finish(request))
+        self._record_step(t_start, plan, len(advanced), len(finished))
         return finished
+
+    def _record_step(self, t_start: float, plan: StepPlan, num_sampled: int, num_finished: int) -> None:
+        sched, kv = self.scheduler.stats(), self.kv
+        self.timeline.record_step(
+            t_start=t_start,
+            t_end=time.time(),
+            num_scheduled_tokens=plan.num_tokens,
+            num_output_tokens=num_sampled,
+            num_finished=num_finished,
+            num_running=len(plan.chunks),
+            num_waiting=sched.num_waiting,
+            prefill_tokens_total=sched.prefill_tokens_computed,
+            cached_tokens_total=sched.cached_prompt_tokens,
+            preemptions_total=sched.num_preemptions,
+            kv_blocks_used=kv.num_used_blocks,
+            kv_blocks_cached=kv.stats().num_cached_blocks,
+            kv_blocks_free=kv.num_free_blocks,
+        )
 
     def _run(self, plan: StepPlan) -> StepResult:
         step_logits = self.runner.execute(plan)

@@ -53,6 +53,8 @@ Layout (every key but ``input.path`` and ``output.path`` is optional; defaults s
       num_cpus_per_worker: 1
       num_gpus_per_worker: 0    # 1 on GPU clusters
       max_retries: 2            # more attempts of a shard whose worker died
+    report: true                # write report.html (plots of timeline.parquet) at the end of a run
+    timeline_rows: 1024         # the most rows of the engine timeline per run (even, >= 2)
 
 Invariants:
 - Unknown keys at any level are errors (with the nearest known key as a suggestion); every
@@ -186,6 +188,8 @@ class JobConfig:
     on_bad_shard: OnBadShard = "fail"
     executor: Executor = "local"
     ray: RayConfig = RayConfig()
+    report: bool = True
+    timeline_rows: int = 1024
 
     def __post_init__(self) -> None:
         if self.model is not None:
@@ -207,6 +211,10 @@ class JobConfig:
         _expect_choice("executor", self.executor, get_args(Executor))
         if not isinstance(self.ray, RayConfig):
             raise ValueError(f"ray: expected a RayConfig, got {self.ray!r}")
+        _expect_bool("report", self.report)
+        check_int("timeline_rows", self.timeline_rows, minimum=2)
+        if self.timeline_rows % 2:
+            raise ValueError(f"timeline_rows: expected an even number, got {self.timeline_rows}")
 
     def resolve_path(self, p: str) -> Path:
         """`p` as written in the job file, made absolute against the job file's folder."""

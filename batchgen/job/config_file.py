@@ -43,6 +43,8 @@ _TOP_KEYS = (
     "on_bad_shard",
     "executor",
     "ray",
+    "report",
+    "timeline_rows",
 )
 _INPUT_KEYS = ("path", "columns", "batch_rows")
 _COLUMN_KEYS = ("id", "prompt", "messages", "sampling_params", "passthrough")

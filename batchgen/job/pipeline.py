@@ -288,6 +288,7 @@ async def _engine_loop(
                     continue
                 in_flight[request_id] = row
             if results:
+                engine.timeline.record_rows(now=time.time(), num_ok=0, num_error=len(results))
                 await send.send(results)
             if not in_flight:
                 if exhausted and not pending:
@@ -301,6 +302,7 @@ async def _engine_loop(
                 for out in finished:
                     row = in_flight.pop(out.request_id)
                     done.append(RowResult(row, _success_outputs(row, out, options)))
+                engine.timeline.record_rows(now=time.time(), num_ok=len(done), num_error=0)
                 await send.send(done)
 
 

@@ -18,6 +18,7 @@ whose driver, under the same lock, records them in the manifest.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -29,12 +30,14 @@ from typing import Any
 from batchgen import __version__
 from batchgen.engine.llm_engine import LLMEngine
 from batchgen.io import (
+    SUMMARY_NAME,
     InputError,
     InputIdentity,
     Manifest,
     OutputLock,
     ShardInfo,
     ShardReadError,
+    ShardRecord,
     check_output_dir,
     check_output_outside_inputs,
     clean_temp_files,
@@ -50,6 +53,7 @@ from batchgen.job.resume import ConfigChangedError, bad_shard, open_manifest, pl
 from batchgen.job.setup import check_device, load_model
 from batchgen.job.shard_assembly import achieved_hit_rate, ideal_hit_rate
 from batchgen.job.stages import JobError, PipelineOptions, PipelineStats, ShardMeta
+from batchgen.job.timeline_file import TimelineFile, describe_environment, new_run_id
 from batchgen.models.checkpoint import Checkpoint
 
 __all__ = [
@@ -108,6 +112,7 @@ def build_engine(config: JobConfig, checkpoint: Checkpoint) -> LLMEngine:
             cache_config=config.cache,
             runner_config=config.runner,
             seed=config.seed,
+            timeline_max_rows=config.timeline_rows,
         )
     except (ValueError, RuntimeError) as exc:
         raise InputError(f"{config.source}: engine: {exc}") from exc
@@ -259,9 +264,21 @@ def run_job(config: JobConfig, *, restart: bool = False, use_tqdm: bool = True) 
     start = time.perf_counter()
     with planned_job(config, restart=restart) as plan:
         engine, preparer = build_job_engine(config, plan.checkpoint, plan.manifest.job_time)
-        sink = FileSink(plan.out_dir, config, plan.fingerprint, plan.identities, plan.manifest.mark_committed)
-        options = pipeline_options(config, use_tqdm=use_tqdm)
-        stats = run_pipeline_sync(engine, preparer, FileSource(config), sink, plan.todo, options)
+        timeline = TimelineFile(plan.out_dir, new_run_id(), engine.timeline, keep_previous=not restart)
+
+        def committed(name: str, record: ShardRecord) -> None:
+            plan.manifest.mark_committed(name, record)
+            timeline.save()
+
+        sink = FileSink(plan.out_dir, config, plan.fingerprint, plan.identities, committed)
+        options = dataclasses.replace(
+            pipeline_options(config, use_tqdm=use_tqdm),
+            on_progress=lambda _rows, _tokens, _hit_rate: timeline.save_if_due(),
+        )
+        try:
+            stats = run_pipeline_sync(engine, preparer, FileSource(config), sink, plan.todo, options)
+        finally:
+            timeline.save()  # a failed run's timeline is kept too
         bad = plan.record_bad_shards(stats.bad_shards)
         summary = make_summary(
             stats,
@@ -271,11 +288,30 @@ def run_job(config: JobConfig, *, restart: bool = False, use_tqdm: bool = True) 
             duplicate_ids=preparer.num_duplicate_ids_across_shards,
             ids_tracked=preparer.num_ids_tracked,
         )
+        summary.data["run"] = {
+            "run_id": timeline.run_id,
+            "run_index": timeline.run_index,
+            "model": config.model or "built-in SmolLM2-135M-Instruct",
+            "config": _jsonable(dataclasses.asdict(config)),
+            **describe_environment(
+                str(engine.runner.model.device), str(engine.runner.model.dtype), engine.kv.num_blocks
+            ),
+        }
         try:
-            write_json_atomic(plan.out_dir / "summary.json", summary.data)
+            write_json_atomic(plan.out_dir / SUMMARY_NAME, summary.data)
         except OSError as exc:
             raise JobError(f"output folder {plan.out_dir}: {exc}") from exc
     return summary
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple | set | frozenset):
+        return [_jsonable(v) for v in value]
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    return str(value)
 
 
 def make_summary(

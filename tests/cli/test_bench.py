@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 from batchgen.cli.bench import run_bench
+from tests.report.helpers import assert_self_contained, images
 from tests.tiny_models import make_tiny_hf_folder
 
 
@@ -38,3 +39,10 @@ def test_bench_modes_agree_on_the_work_done(tmp_path: Path) -> None:
     assert [r["mode"] for r in payload["results"]] == ["continuous", "static", "transformers"]
     assert payload["output_lens"] == "sharegpt"
     assert [r["output_digest"] for r in payload["results"]] == [r.output_digest for r in results]
+    # The report page: the three modes side by side, the two engine modes' timelines overlaid.
+    page = (tmp_path / "bench.html").read_text()
+    assert_self_contained(page)
+    assert len(images(page)) == 4
+    modes = page[page.index("<h2>Modes</h2>"):page.index("<h2>Timeline")]
+    assert all(f"<td>{m}</td>" in modes for m in ("continuous", "static", "transformers"))
+    assert "torch_threads" in page

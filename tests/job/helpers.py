@@ -11,6 +11,8 @@ KIND / ARG pick the moment (counts start at 1):
 - ``write_any K``         the K-th `OutputShardWriter.write` of any shard, before it writes;
 - ``before_rename K``     the K-th rename onto a final ``*.parquet`` output shard, before it;
 - ``after_rename K``      the same rename, right after it (before the manifest is saved);
+- ``timeline_rename K``   the K-th rename onto ``timeline.parquet``, before it (its temporary
+                          file is written and fsynced);
 - ``read SHARD``          when the reading of input shard SHARD starts;
 - ``unlink K``            right after the K-th deletion of a final ``*.parquet`` output shard
                           (what ``--restart`` does to the old outputs);
@@ -57,6 +59,8 @@ __all__ = [
 ]
 
 KILL_WRAPPER = Path(__file__).resolve()
+_REPO_ROOT = KILL_WRAPPER.parents[2]
+TIMELINE = "timeline.parquet"  # the job's timeline beside the shards, not an output shard
 
 _PREAMBLES = (
     "You are a careful assistant. Answer every question about geography, history and science "
@@ -103,8 +107,11 @@ def write_job(path: Path, data: Mapping[str, Any]) -> Path:
 
 
 def final_shards(out_dir: Path) -> list[Path]:
-    """The final output shards in `out_dir` (``*.parquet``, no temporary files), sorted."""
-    return sorted(p for p in out_dir.glob("*.parquet") if not p.name.startswith("."))
+    """The final output shards in `out_dir` (``*.parquet``, no temporary files, not the job's
+    ``timeline.parquet``), sorted."""
+    return sorted(
+        p for p in out_dir.glob("*.parquet") if not p.name.startswith(".") and p.name != TIMELINE
+    )
 
 
 def temp_files(out_dir: Path) -> list[Path]:
@@ -124,11 +131,13 @@ def file_state(path: Path) -> tuple[str, int, int]:
 
 
 def subprocess_env() -> dict[str, str]:
-    """The environment of a job subprocess: one thread, offline."""
+    """The environment of a job subprocess: one thread, offline, and this checkout's code first
+    (an editable install elsewhere would otherwise answer `import batchgen`)."""
     env = dict(os.environ)
     env.update(
         OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false"
     )
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_REPO_ROOT), env.get("PYTHONPATH")) if p)
     return env
 
 
@@ -192,7 +201,12 @@ def _patch_renames(note: Path, kind: str, arg: str) -> None:
     def replace(src: Any, dst: Any, **kwargs: Any) -> None:
         nonlocal count
         name = Path(os.fsdecode(dst)).name
-        if name.endswith(".parquet") and not name.startswith("."):
+        if kind == "timeline_rename":
+            if name == TIMELINE:
+                count += 1
+                if count == wanted:
+                    _die(note, kind, name, count)
+        elif name.endswith(".parquet") and not name.startswith(".") and name != TIMELINE:
             count += 1
             if count == wanted and kind == "before_rename":
                 _die(note, kind, name, count)
@@ -319,7 +333,7 @@ def _wrapper_main(argv: list[str]) -> int:
     note, kind, arg, *cli_args = argv
     if kind in ("write", "write_any"):
         _patch_writes(Path(note), kind, arg)
-    elif kind in ("before_rename", "after_rename"):
+    elif kind in ("before_rename", "after_rename", "timeline_rename"):
         _patch_renames(Path(note), kind, arg)
     elif kind == "read":
         _patch_reads(Path(note), arg)

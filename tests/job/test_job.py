@@ -64,7 +64,8 @@ def write_job(path: Path, model: Path, **extra: str) -> Path:
 
 
 def read_outputs(out: Path) -> dict[str, pa.Table]:
-    return {p.name: pq.read_table(p) for p in sorted(out.glob("*.parquet"))}
+    # timeline.parquet sits beside the shards; it is the run's record, not an output shard.
+    return {p.name: pq.read_table(p) for p in sorted(out.glob("part-*.parquet"))}
 
 
 def test_shards_in_shards_out(tmp_path: Path, model: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -121,11 +122,11 @@ def test_shards_in_shards_out(tmp_path: Path, model: Path, capsys: pytest.Captur
         assert record["prompt_tokens"] == sum(r["usage"]["prompt_tokens"] for r in rows)
 
     # A second run skips every shard and leaves the files untouched.
-    mtimes = {p.name: p.stat().st_mtime_ns for p in (tmp_path / "out").glob("*.parquet")}
+    mtimes = {p.name: p.stat().st_mtime_ns for p in (tmp_path / "out").glob("part-*.parquet")}
     assert main(["run", str(job), "--quiet"]) == 0
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert summary["shards"] == {"committed_this_run": 0, "skipped": 3}
-    assert {p.name: p.stat().st_mtime_ns for p in (tmp_path / "out").glob("*.parquet")} == mtimes
+    assert {p.name: p.stat().st_mtime_ns for p in (tmp_path / "out").glob("part-*.parquet")} == mtimes
 
 
 def test_outputs_do_not_depend_on_order_window_or_batching(tmp_path: Path, model: Path) -> None:
