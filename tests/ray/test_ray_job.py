@@ -120,13 +120,19 @@ def assert_same_output(job: Job, out_dir: Path, kind: str) -> None:
     assert all(r["num_output_rows"] == ROWS_PER_SHARD * n for r in manifest["shards"].values())
 
 
-def test_six_shards_over_two_workers_equal_local(ray_runtime: Any, job: Job) -> None:
+def test_six_shards_over_two_workers_equal_local(
+    ray_runtime: Any, job: Job, capsys: pytest.CaptureFixture[str]
+) -> None:
     """Greedy here; seeded sampling with n=2 is the kill test's job (same check, same pool)."""
     from batchgen.ray import run_ray_job
 
     kind = "greedy"
-
-    summary = run_ray_job(job.config(f"out-ray-{kind}", kind), use_tqdm=False)
+    job.reference(kind)
+    capsys.readouterr()
+    summary = run_ray_job(job.config(f"out-ray-{kind}", kind), use_tqdm=True)
+    bar = capsys.readouterr().err  # one bar over both workers, fed by their progress
+    assert f"{NUM_SHARDS * ROWS_PER_SHARD}/{NUM_SHARDS * ROWS_PER_SHARD}" in bar, bar
+    assert "tok/s" in bar and "workers 2" in bar, bar
     out_dir = job.folder / f"out-ray-{kind}"
     assert_same_output(job, out_dir, kind)
     written = json.loads((out_dir / "summary.json").read_text())
