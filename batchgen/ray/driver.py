@@ -326,7 +326,9 @@ def _connect(ray: ModuleType, config: JobConfig) -> bool:
     if ray.is_initialized():
         return False
     try:
-        ray.init(address=config.ray.address, logging_level="warning", log_to_driver=True)
+        # A Ray started here serves this machine only: bind it to the loopback address.
+        local = {"_node_ip_address": "127.0.0.1"} if config.ray.address is None else {}
+        ray.init(address=config.ray.address, logging_level="warning", log_to_driver=True, **local)
     except (ConnectionError, ValueError, RuntimeError) as exc:
         raise InputError(
             f"{config.source}: ray.address: cannot reach a Ray cluster at "

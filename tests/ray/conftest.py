@@ -27,6 +27,7 @@ def ray_runtime() -> Iterator[Any]:
     ray.init(
         num_cpus=2,
         include_dashboard=False,
+        _node_ip_address="127.0.0.1",  # loopback only: the test's Ray talks to nothing else
         object_store_memory=256 * 2**20,
         logging_level="warning",
         log_to_driver=False,
