@@ -144,10 +144,15 @@ def run_engine_check(
     max_tokens: int = 32,
     reference_backend: str = "torch",
     prompts: Sequence[str] = CHECK_PROMPTS,
+    kv_cache_memory_bytes: int = 1 << 30,
 ) -> dict[str, GreedyComparison]:
-    """Greedy tokens of each candidate against the float32 reference engine; one engine at a
-    time on `device`. Raises what the engine raises (ValueError, RuntimeError, ...)."""
-    reference_llm = LLM(model, device=device, dtype="float32", attention_backend=reference_backend)
+    """Greedy tokens of each candidate against the float32 reference engine, on `device`.
+
+    The reference engine stays loaded (it gives the gaps) next to one candidate at a time, each
+    with a KV pool of `kv_cache_memory_bytes`. Raises what the engine raises (ValueError,
+    RuntimeError, ...)."""
+    options: dict[str, Any] = {"device": device, "kv_cache_memory_bytes": kv_cache_memory_bytes}
+    reference_llm = LLM(model, dtype="float32", attention_backend=reference_backend, **options)
     token_prompts = [reference_llm.tokenizer.encode(p) for p in prompts]
     reference = _greedy(reference_llm, token_prompts, max_tokens)
 
@@ -156,8 +161,8 @@ def run_engine_check(
 
     results: dict[str, GreedyComparison] = {}
     for candidate in candidates:
-        llm = LLM(model, device=device, dtype=candidate.dtype, attention_backend=candidate.attention_backend)
+        llm = LLM(model, dtype=candidate.dtype, attention_backend=candidate.attention_backend, **options)
         tokens = _greedy(llm, token_prompts, max_tokens)
-        del llm
+        del llm  # its weights and KV pool go before the next candidate's
         results[candidate.name] = compare_greedy(reference, tokens, reference_gap, max_gap=candidate.max_gap)
     return results
