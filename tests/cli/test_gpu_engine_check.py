@@ -70,7 +70,8 @@ def test_whole_check_on_cpu(folder: Path) -> None:
     prompts = ("The capital of France is", "1, 2, 3, 5, 8,")
     same = Candidate("torch-float32", "torch", "float32", max_gap=0.0)
     bf16 = Candidate("torch-bfloat16", "torch", "bfloat16", max_gap=1e9)
-    results = run_engine_check(str(folder), device="cpu", candidates=[same, bf16], max_tokens=8, prompts=prompts)
+    results = run_engine_check(str(folder), device="cpu", candidates=[same, bf16], max_tokens=8, prompts=prompts,
+                               kv_cache_memory_bytes=1 << 23)
     assert results["torch-float32"].ok and results["torch-float32"].num_identical == 2
     low = results["torch-bfloat16"]
     assert low.ok and low.num_prompts == 2
