@@ -2,7 +2,10 @@
 
 1. the kernel tests compiled (no interpreter), in a pytest subprocess;
 2. Triton paged attention timed against SDPA over gathered K/V (batchgen.cli.gpu_kernels);
-3. the engine's output tokens/s with the built-in model in bfloat16 on CUDA: continuous against
+3. the engine's greedy tokens on the built-in model: Triton attention in float32 and in bfloat16
+   against PyTorch attention in float32, differing only where the float32 top-2 logit gap is
+   small (batchgen.cli.gpu_engine_check);
+4. the engine's output tokens/s with the built-in model in bfloat16 on CUDA: continuous against
    static batching, side by side (`batchgen bench`).
 Everything lands in DIR (gpu_check.json, engine_bench.json, logs); the exit code is 2 without
 CUDA, 1 if a part failed. A command-line entry point: it may read and edit the environment.
@@ -18,7 +21,15 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-__all__ = ["run_gpu_check"]
+__all__ = ["ENGINE_CANDIDATES", "run_gpu_check"]
+
+# Gaps (logits) within which a greedy token may differ from the float32 PyTorch engine's. Chosen,
+# not measured on a GPU: Triton in float32 may use TF32 dots; bfloat16 keeps ~3 significant
+# digits, so logits of ~20 move by a few tenths.
+ENGINE_CANDIDATES = (
+    ("triton-float32", "triton", "float32", 0.05),
+    ("triton-bfloat16", "triton", "bfloat16", 0.5),
+)
 
 
 def run_gpu_check(
@@ -60,6 +71,8 @@ def run_gpu_check(
         torch.cuda.empty_cache()
     print_timings(timings)
     report["attention"] = [asdict(t) for t in timings]
+    report["engine_check"] = _engine_check()
+    print(json.dumps(report["engine_check"], indent=2), flush=True)
     try:
         results = run_bench(
             model=None,
@@ -80,4 +93,17 @@ def run_gpu_check(
     path.write_text(json.dumps(report, indent=2))
     print(json.dumps(report["engine"], indent=2))
     print(f"wrote {path}")
-    return 0 if report["tests"].get("returncode", 0) == 0 and report["engine"]["ok"] else 1
+    ok = report["tests"].get("returncode", 0) == 0 and report["engine"]["ok"] and report["engine_check"]["ok"]
+    return 0 if ok else 1
+
+
+def _engine_check() -> dict[str, Any]:
+    from batchgen.cli.gpu_engine_check import Candidate, run_engine_check
+
+    candidates = [Candidate(*values) for values in ENGINE_CANDIDATES]
+    print("comparing the engine's greedy tokens across attention backends and dtypes ...", flush=True)
+    try:
+        results = run_engine_check(None, device="cuda", candidates=candidates)
+    except (ValueError, FileNotFoundError, RuntimeError) as exc:
+        return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+    return {"ok": all(r.ok for r in results.values()), **{k: r.as_dict() for k, r in results.items()}}
