@@ -2,8 +2,9 @@
 
 Owns the job file (`config`: the dataclasses; `config_file`: YAML loading and validation), row
 preparation (`prepare`), the anyio pipeline and its stage types (`pipeline`, `stages`), shard
-reassembly (`shard_assembly`), the file source/sink, resume and summary (`run`), and `generate`
-over Arrow/Polars tables.
+reassembly (`shard_assembly`), the file source/sink and summary (`run`), resume and restart
+against the manifest (`resume`), the setup checks that need the machine or the model
+(`setup`), and `generate` over Arrow/Polars tables.
 
 May import: batchgen.engine, batchgen.models, batchgen.tokenizer, batchgen.io, batchgen.radix,
 batchgen.data. Never batchgen.cli.

@@ -142,7 +142,7 @@ def subprocess_env() -> dict[str, str]:
 
 
 def run_cli_subprocess(
-    args: Sequence[str], *, cwd: Path, wrapper: Sequence[str] | None = None, timeout: float = 120
+    args: Sequence[str], *, cwd: Path, wrapper: Sequence[str] | None = None, timeout: float = 600
 ) -> subprocess.CompletedProcess[str]:
     """Run ``python -m batchgen ARGS`` (or the kill wrapper with `wrapper` arguments first)."""
     head = (
