@@ -294,7 +294,10 @@ def run_bench(
         out.write_text(json.dumps(payload, indent=2))
         settings = {**{k: v for k, v in payload.items() if k != "results"},
                     "max_num_batched_tokens": max_num_batched_tokens, "dtype": dtype, "device": device}
-        print(f"report: {_write_report(out.with_suffix('.html'), results, engine_runs, settings)}")
+        try:
+            print(f"report: {_write_report(out.with_suffix('.html'), results, engine_runs, settings)}")
+        except ImportError as exc:  # matplotlib is optional where nothing can be installed (GPU box)
+            print(f"report: not written ({exc.name or exc} is not installed)")
     return results
 
 

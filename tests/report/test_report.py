@@ -7,6 +7,7 @@ Jobs run in-process through `batchgen.cli.main.main` on one tiny model for the m
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -120,12 +121,19 @@ def test_report_with_preemptions_and_png_figures(
         assert (out / "report_figures" / name).read_bytes().startswith(PNG_MAGIC)
 
 
-def test_report_key_off_and_missing_folder(
-    tmp_path: Path, model_dir: Path, capsys: pytest.CaptureFixture[str]
+def test_report_key_off_without_matplotlib_and_missing_folder(
+    tmp_path: Path, model_dir: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     make_prompt_shards(tmp_path / "in", num_shards=1, rows_per_shard=3)
     printed = _run(_job(tmp_path, model_dir, report=False), capsys)
     assert not (tmp_path / "out" / "report.html").exists() and "report.html" not in printed
     assert (tmp_path / "out" / "timeline.parquet").is_file()
+    # Where the report cannot be imported (no matplotlib on a machine without network), the
+    # finished job still exits 0 and says why there is no report.
+    monkeypatch.setitem(sys.modules, "batchgen.report.job_report", None)
+    printed = _run(_job(tmp_path, model_dir), capsys)
+    assert "report                      not written" in printed
+    assert not (tmp_path / "out" / "report.html").exists()
+    monkeypatch.undo()
     assert main(["report", str(tmp_path / "nowhere")]) == 2
     assert "is not a folder" in capsys.readouterr().err
