@@ -213,11 +213,12 @@ def test_fake_runner_reads_its_next_token_from_the_pool() -> None:
 
 
 def test_victim_blocks_are_not_cached_before_their_kv_is_written() -> None:
-    # Found by the random test below, then minimized. Request 1's sample 1 forks after its
-    # first token (newest admission); the next step plans both samples' decodes, then request
-    # 2's prompt chunk, which needs more blocks than are free, so sample 1 is preempted. Its decode
-    # had filled a block (prompt + 5) whose last slot the step then never wrote: that block must
-    # not stay in the prefix cache, where any later prompt with that prefix would take it.
+    # Found by the random test below, then minimized. Step 1 computes request 0, request 1's
+    # prompt (both samples draw) and one token of request 2's prompt (the budget of 12 is
+    # spent); request 1's sample 1 forks (the newest admission) with its partial block copied
+    # into block 7. Step 2 plans the decodes, sample 1's filling block 7 (positions 8..9), then
+    # request 2's next chunk, which finds no free block: sample 1 is preempted (then request 2
+    # itself). Block 7's slot 9 is never written, so block 7 must not be in the prefix cache.
     requests = [
         Request([5, 3], 2),
         Request([12, 31, 2, 3, 3, 7, 6, 1, 3], 2, n=2),
