@@ -33,7 +33,7 @@ def test_cli_entry_point_answers_help() -> None:
         [sys.executable, "-m", "batchgen", "--help"], capture_output=True, text=True, timeout=120, cwd=ROOT
     )
     assert proc.returncode == 0
-    for command in ("run", "bench", "prepare-sharegpt", "gpu-check"):
+    for command in ("run", "report", "bench", "prepare-sharegpt", "gpu-check"):
         assert command in proc.stdout
 
 
