@@ -93,7 +93,8 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def _engine(folder: Path, **cache: int) -> LLMEngine:
     return LLMEngine(
         load_checkpoint(str(folder)),
-        scheduler_config=SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=16),
+        # admission_reserve_tokens 0: admit greedily, so a small pool preempts
+        scheduler_config=SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=16, admission_reserve_tokens=0),
         cache_config=CacheConfig(block_size=4, **cache),
         runner_config=RunnerConfig(device="cpu", max_model_len=64),
         timeline_max_rows=8,

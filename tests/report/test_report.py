@@ -93,8 +93,9 @@ def test_report_with_preemptions_and_png_figures(
     job = _job(
         tmp_path, model_dir,
         sampling={"max_tokens": 12, "temperature": 0.8},
+        # admission_reserve_tokens 0: admit greedily, so the pool runs out and preempts
         engine={"device": "cpu", "max_num_seqs": 8, "block_size": 4, "num_kv_blocks": 24,
-                "max_model_len": 96, "max_num_batched_tokens": 32},
+                "max_model_len": 96, "max_num_batched_tokens": 32, "admission_reserve_tokens": 0},
     )
     _run(job, capsys)
     out = tmp_path / "out"
