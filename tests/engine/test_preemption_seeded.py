@@ -33,7 +33,8 @@ def test_seeded_sampling_is_unchanged_by_preemption(folder: Path) -> None:
     baseline, stats = run(max_num_batched_tokens=None)
     assert stats["num_preemptions"] == 0
     # 12 blocks of 4 tokens for 11 sequences of up to 42 tokens: constant preemption.
-    preempted, stats = run(block_size=4, num_kv_blocks=12, max_model_len=48, max_num_batched_tokens=16)
+    preempted, stats = run(block_size=4, num_kv_blocks=12, max_model_len=48, max_num_batched_tokens=16,
+                           admission_reserve_tokens=0)  # admit greedily so the pool runs out
     assert stats["num_preemptions"] >= 10
     assert preempted == baseline
     assert len({tuple(t) for o in baseline for t in o}) > 1  # sampling, not a constant

@@ -159,8 +159,10 @@ class Engine:
 def make(num_blocks: int, block_size: int, budget: int | None, max_seqs: int, caching: bool,
          batching: str = "continuous") -> Engine:
     kv = KVCacheManager(num_blocks, block_size, enable_prefix_caching=caching)
+    # admission_reserve_tokens 0: admit greedily, the workloads here are about heavy preemption
     config = SchedulerConfig(
-        max_num_seqs=max_seqs, max_num_batched_tokens=budget, batching=batching  # type: ignore[arg-type]
+        max_num_seqs=max_seqs, max_num_batched_tokens=budget, batching=batching,  # type: ignore[arg-type]
+        admission_reserve_tokens=0,
     )
     sched = Scheduler(config, kv, max_model_len=1000, eos_token_ids=[EOS])
     return Engine(sched, kv, FakeKVRunner(num_blocks, block_size), max_seqs)
