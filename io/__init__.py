@@ -19,7 +19,18 @@ from __future__ import annotations
 
 from .errors import InputError
 from .manifest import MANIFEST_NAME, Manifest, ShardRecord, summarize_output_shard
-from .reader import ShardInfo, inspect_shard, iter_shard_batches, list_input_shards, resolve_path
+from .reader import (
+    InputShard,
+    ShardInfo,
+    find_input_shards,
+    hive_partitions,
+    inspect_shard,
+    iter_shard_batches,
+    list_input_shards,
+    plain_type,
+    resolve_path,
+    shard_name,
+)
 from .schema import (
     FINISH_REASONS,
     OUTPUT_COLUMNS,
@@ -43,6 +54,7 @@ __all__ = [
     "OUTPUT_COLUMNS",
     "ColumnMap",
     "InputError",
+    "InputShard",
     "Manifest",
     "OutputRow",
     "OutputShardWriter",
@@ -50,14 +62,18 @@ __all__ = [
     "ShardRecord",
     "check_output_dir",
     "clean_temp_files",
+    "find_input_shards",
     "fsync_path",
+    "hive_partitions",
     "inspect_shard",
     "iter_shard_batches",
     "list_input_shards",
     "output_schema",
     "passthrough_fields",
+    "plain_type",
     "resolve_path",
     "rows_to_batch",
+    "shard_name",
     "summarize_output_shard",
     "write_json_atomic",
 ]

@@ -19,9 +19,10 @@ May import: the standard library and pyarrow. Nothing of batchgen, no torch.
 
 from __future__ import annotations
 
+import difflib
 import glob
 import os
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,15 +34,21 @@ from .schema import ColumnMap
 
 __all__ = [
     "InputError",
+    "InputShard",
     "ShardInfo",
+    "find_input_shards",
+    "hive_partitions",
     "inspect_shard",
     "iter_shard_batches",
     "list_input_shards",
+    "plain_type",
     "resolve_path",
+    "shard_name",
 ]
 
 _GLOB_CHARS = frozenset("*?[")
 _STREAM_BUFFER_BYTES = 1 << 20
+_KINDS = {".parquet": "Parquet", ".jsonl": "JSONL"}
 
 
 def resolve_path(spec: str, base_dir: Path) -> Path:
@@ -52,29 +59,103 @@ def resolve_path(spec: str, base_dir: Path) -> Path:
     return Path(os.path.normpath(path))
 
 
-def list_input_shards(spec: str, base_dir: Path) -> list[Path]:
-    """The input shards named by `spec`: a folder (its ``*.parquet`` files, not recursive) or
-    a glob (``**`` recurses); relative specs resolve against `base_dir`.
+def _is_hidden(name: str) -> bool:
+    # Hive, Spark and pyarrow.dataset keep metadata under these prefixes (_SUCCESS,
+    # _temporary/, .crc files), and our own temporary files start with a dot.
+    return name.startswith((".", "_"))
 
-    Returns the paths sorted. Raises InputError when nothing matches, the folder does not
-    exist, or two shards share a file name.
+
+def _walk_files(folder: Path, exclude: Path | None, suffix: str) -> list[Path]:
+    """Every visible file named ``*{suffix}`` under `folder`, at any depth, skipping `exclude`."""
+    found: list[Path] = []
+    for dirpath, dirnames, filenames in os.walk(folder):
+        here = Path(dirpath)
+        dirnames[:] = sorted(
+            d for d in dirnames if not _is_hidden(d) and (exclude is None or here / d != exclude)
+        )
+        found.extend(
+            here / f
+            for f in filenames
+            if f.endswith(suffix) and not _is_hidden(f) and (here / f).is_file()
+        )
+    return found
+
+
+def shard_name(path: Path, root: Path) -> str:
+    """The name of the output shard of input `path` found under folder `root`: the path
+    relative to `root` with folder separators written as ``__`` (``date=1/part-0.parquet`` ->
+    ``date=1__part-0.parquet``); a file directly in `root` keeps its name."""
+    try:
+        parts = path.relative_to(root).parts
+    except ValueError:
+        return path.name
+    return "__".join(parts)
+
+
+def hive_partitions(path: Path, root: Path) -> tuple[tuple[str, str], ...]:
+    """The ``key=value`` folder names between `root` and `path`, outermost first."""
+    try:
+        folders = path.relative_to(root).parts[:-1]
+    except ValueError:
+        return ()
+    pairs = []
+    for folder in folders:
+        key, sep, value = folder.partition("=")
+        if sep and key:
+            pairs.append((key, value))
+    return tuple(pairs)
+
+
+def _glob_root(resolved: Path) -> Path:
+    """The leading folders of a glob pattern, up to the first component with a glob char."""
+    parts: list[str] = []
+    for part in resolved.parts[:-1]:
+        if not _GLOB_CHARS.isdisjoint(part):
+            break
+        parts.append(part)
+    return Path(*parts) if parts else Path("/")
+
+
+@dataclass(frozen=True, slots=True)
+class InputShard:
+    """One input file: its path, the name of its output shard and its Hive partition values."""
+
+    path: Path
+    name: str
+    partitions: tuple[tuple[str, str], ...] = ()
+
+
+def find_input_shards(
+    spec: str, base_dir: Path, *, exclude: Path | None = None, suffix: str = ".parquet"
+) -> list[InputShard]:
+    """The input shards named by `spec`: a folder (its ``*.parquet`` files at any depth, as
+    Hive-partitioned (``key=value/``) and other nested datasets are laid out; folders and files
+    starting with ``.`` or ``_`` are metadata and skipped) or a glob (``**`` recurses); relative
+    specs resolve against `base_dir`. `exclude` (the job's output folder, when it sits inside
+    the input folder) is not read. `suffix` names the files a folder is searched for.
+
+    Output shard names: a file found in a folder is named by its path below the folder
+    (`shard_name`); a glob match or a single file keeps its file name. Partition values come
+    from ``key=value`` folders below the folder (or below a glob's leading folders).
+    Returns the shards sorted by path. Raises InputError when nothing matches, the folder does
+    not exist, or two shards would get the same output shard name.
     """
     resolved = resolve_path(spec, base_dir)
+    is_folder = False
     if _GLOB_CHARS.isdisjoint(spec):
         if not resolved.exists():
             raise InputError(f"input '{spec}' does not exist (resolved to {resolved})")
         if resolved.is_dir():
-            paths = [
-                p
-                for p in resolved.iterdir()
-                if p.suffix == ".parquet" and not p.name.startswith(".") and p.is_file()
-            ]
+            is_folder = True
+            root = resolved
+            paths = _walk_files(resolved, exclude, suffix)
             if not paths:
                 raise InputError(
-                    f"no Parquet files in input folder '{spec}' (resolved to {resolved}); "
-                    "expected files named *.parquet"
+                    f"no {_KINDS.get(suffix, suffix)} files in input folder '{spec}' (resolved to "
+                    f"{resolved}) or its subfolders; expected files named *{suffix}"
                 )
         else:
+            root = resolved.parent
             paths = [resolved]
     else:
         pattern = Path(spec).expanduser()
@@ -83,37 +164,75 @@ def list_input_shards(spec: str, base_dir: Path) -> list[Path]:
         found = glob.glob(os.path.normpath(pattern), recursive=True)
         paths = [Path(p) for p in found if os.path.isfile(p)]
         if not paths:
-            raise InputError(f"no Parquet files match '{spec}' (resolved to {resolved})")
+            raise InputError(
+                f"no {_KINDS.get(suffix, suffix)} files match '{spec}' (resolved to {resolved})"
+            )
+        root = _glob_root(resolved)
     paths.sort()
+    shards: list[InputShard] = []
     by_name: dict[str, Path] = {}
     for path in paths:
-        other = by_name.setdefault(path.name, path)
+        name = shard_name(path, root) if is_folder else path.name
+        other = by_name.setdefault(name, path)
         if other != path:
             raise InputError(
                 f"input shards {other} and {path} share the file name '{path.name}'; "
-                "their output shards would collide: rename one or narrow the input glob"
+                "their output shards would collide: rename one, narrow the input glob or "
+                "give the folder above them as the input"
             )
-    return paths
+        shards.append(InputShard(path, name, hive_partitions(path, root)))
+    return shards
+
+
+def list_input_shards(spec: str, base_dir: Path, *, exclude: Path | None = None) -> list[Path]:
+    """The paths of `find_input_shards`, sorted."""
+    return [shard.path for shard in find_input_shards(spec, base_dir, exclude=exclude)]
 
 
 @dataclass(frozen=True, slots=True)
 class ShardInfo:
-    """What the footer of one input shard says: rows, the id type and the passthrough fields."""
+    """What the footer of one input shard says: rows, the id type and the passthrough fields.
+
+    `id_type` is the id's value type (a dictionary-encoded or ``string_view`` id reads as
+    ``string``); `partitions` are the Hive values that passthrough columns may name.
+    """
 
     path: Path
     name: str
     num_rows: int
     id_type: pa.DataType
     passthrough: pa.Schema
+    partitions: tuple[tuple[str, str], ...] = ()
+
+
+def plain_type(t: pa.DataType) -> pa.DataType:
+    """`t` without dictionary encoding, with ``string_view`` as ``string`` (what pandas,
+    Spark and Hugging Face datasets write for the same values)."""
+    if pa.types.is_dictionary(t):
+        t = t.value_type
+    if pa.types.is_string_view(t):
+        return pa.string()
+    return t
 
 
 def _is_string(t: pa.DataType) -> bool:
+    t = plain_type(t)
     return bool(pa.types.is_string(t) or pa.types.is_large_string(t))
+
+
+def _is_list(t: pa.DataType) -> bool:
+    return bool(
+        pa.types.is_list(t)
+        or pa.types.is_large_list(t)
+        or pa.types.is_fixed_size_list(t)
+        or pa.types.is_list_view(t)
+        or pa.types.is_large_list_view(t)
+    )
 
 
 def _messages_problem(t: pa.DataType) -> str | None:
     """Why `t` is not a list of struct<role: string, content: string>, or None if it is."""
-    if not (pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)):
+    if not _is_list(t):
         return "is not a list"
     item = t.value_type
     if not pa.types.is_struct(item):
@@ -137,12 +256,38 @@ def _check_column(path: Path, schema: pa.Schema, role: str, name: str) -> pa.Fie
     return schema.field(idx)
 
 
-def inspect_shard(path: Path, columns: ColumnMap) -> ShardInfo:
+def _check_sampling_fields(
+    path: Path, column: str, t: pa.DataType, allowed: Collection[str]
+) -> None:
+    for idx in range(t.num_fields):
+        name = t.field(idx).name
+        if name not in allowed:
+            close = difflib.get_close_matches(name, list(allowed), n=1)
+            hint = f" (did you mean '{close[0]}'?)" if close else ""
+            raise InputError(
+                f"{path}: column '{column}' (the sampling_params column) has a field '{name}' "
+                f"that is not a sampling parameter{hint}; expected some of: "
+                f"{', '.join(sorted(allowed))}"
+            )
+
+
+def inspect_shard(
+    path: Path,
+    columns: ColumnMap,
+    *,
+    name: str | None = None,
+    partitions: tuple[tuple[str, str], ...] = (),
+    sampling_fields: Collection[str] | None = None,
+) -> ShardInfo:
     """Check one shard's schema against `columns`, reading only the Parquet footer.
 
     Expected types: id an integer or string; prompt a string; messages a list of
-    struct<role: string, content: string> (other struct fields allowed); sampling_params a
-    struct; passthrough anything. Raises InputError naming the file and the column.
+    struct<role: string, content: string> (other struct fields allowed); prompt_token_ids a
+    list of integers; sampling_params a struct, whose fields must all be in `sampling_fields`
+    when given; passthrough anything, or the key of a Hive partition (`partitions`, read as a
+    string column). Strings may be ``large_string``, ``string_view`` or dictionary-encoded.
+    `name` is the output shard name (default: the file name). Raises InputError naming the
+    file and the column.
     """
     try:
         with pq.ParquetFile(path) as parquet_file:
@@ -152,7 +297,8 @@ def inspect_shard(path: Path, columns: ColumnMap) -> ShardInfo:
         raise InputError(f"{path}: not a readable Parquet file ({exc})") from exc
 
     id_field = _check_column(path, schema, "id", columns.id)
-    if not (pa.types.is_integer(id_field.type) or _is_string(id_field.type)):
+    id_type = plain_type(id_field.type)
+    if not (pa.types.is_integer(id_type) or _is_string(id_type)):
         raise InputError(
             f"{path}: column '{columns.id}' (the id column) has type {id_field.type}; "
             "expected an integer or string type"
@@ -173,6 +319,13 @@ def inspect_shard(path: Path, columns: ColumnMap) -> ShardInfo:
                 f"{messages_field.type}, which {problem}; expected a list of "
                 "struct<role: string, content: string>"
             )
+    if columns.prompt_token_ids is not None:
+        ids_field = _check_column(path, schema, "prompt_token_ids", columns.prompt_token_ids)
+        if not (_is_list(ids_field.type) and pa.types.is_integer(ids_field.type.value_type)):
+            raise InputError(
+                f"{path}: column '{columns.prompt_token_ids}' (the prompt_token_ids column) has "
+                f"type {ids_field.type}; expected a list of integers (list<int32> or list<int64>)"
+            )
     if columns.sampling_params is not None:
         sp_field = _check_column(path, schema, "sampling_params", columns.sampling_params)
         if not pa.types.is_struct(sp_field.type):
@@ -180,21 +333,40 @@ def inspect_shard(path: Path, columns: ColumnMap) -> ShardInfo:
                 f"{path}: column '{columns.sampling_params}' (the sampling_params column) has "
                 f"type {sp_field.type}; expected a struct of sampling parameters"
             )
-    passthrough = pa.schema(
-        [_check_column(path, schema, "passthrough", name) for name in columns.passthrough]
-    )
+        if sampling_fields is not None:
+            _check_sampling_fields(path, columns.sampling_params, sp_field.type, sampling_fields)
+    partition_values = dict(partitions)
+    passthrough_fields: list[pa.Field] = []
+    for column in columns.passthrough:
+        if schema.get_field_index(column) < 0 and column in partition_values:
+            passthrough_fields.append(pa.field(column, pa.string()))
+        else:
+            passthrough_fields.append(_check_column(path, schema, "passthrough", column))
     return ShardInfo(
-        path=path, name=path.name, num_rows=num_rows, id_type=id_field.type, passthrough=passthrough
+        path=path,
+        name=path.name if name is None else name,
+        num_rows=num_rows,
+        id_type=id_type,
+        passthrough=pa.schema(passthrough_fields),
+        partitions=partitions,
     )
 
 
-def iter_shard_batches(path: Path, columns: ColumnMap, batch_rows: int) -> Iterator[pa.RecordBatch]:
+def iter_shard_batches(
+    path: Path,
+    columns: ColumnMap,
+    batch_rows: int,
+    *,
+    partitions: tuple[tuple[str, str], ...] = (),
+) -> Iterator[pa.RecordBatch]:
     """Yield the shard's rows in file order, `batch_rows` rows per batch (the last may be
     shorter), with only `columns.required_columns`, in that order.
 
-    A plain generator: nothing is opened before the first ``next``; the file closes when the
-    generator is exhausted, closed or garbage-collected. A read failure raises InputError
-    naming the file and the row where it happened.
+    The id column comes as its `plain_type`; a passthrough column the file lacks but
+    `partitions` has is filled with that partition value (string). A plain generator: nothing
+    is opened before the first ``next``; the file closes when the generator is exhausted,
+    closed or garbage-collected. A read failure raises InputError naming the file and the row
+    where it happened.
     """
     if batch_rows < 1:
         raise ValueError(f"batch_rows must be >= 1, got {batch_rows}")
@@ -205,7 +377,10 @@ def iter_shard_batches(path: Path, columns: ColumnMap, batch_rows: int) -> Itera
     except (OSError, pa.ArrowException) as exc:
         raise InputError(f"{path}: not a readable Parquet file ({exc})") from exc
     with parquet_file:
-        batches = parquet_file.iter_batches(batch_size=batch_rows, columns=names, use_threads=False)
+        in_file = set(parquet_file.schema_arrow.names)
+        constants = {k: v for k, v in partitions if k in names and k not in in_file}
+        read = [n for n in names if n not in constants]
+        batches = parquet_file.iter_batches(batch_size=batch_rows, columns=read, use_threads=False)
         while True:
             try:
                 batch = next(batches, None)
@@ -216,4 +391,19 @@ def iter_shard_batches(path: Path, columns: ColumnMap, batch_rows: int) -> Itera
             if batch is None:
                 return
             num_rows_read += batch.num_rows
-            yield batch.select(names)
+            yield _with_plain_id(_with_constants(batch, constants), columns.id).select(names)
+
+
+def _with_constants(batch: pa.RecordBatch, constants: dict[str, str]) -> pa.RecordBatch:
+    for key, value in constants.items():
+        batch = batch.append_column(key, pa.array([value] * batch.num_rows, pa.string()))
+    return batch
+
+
+def _with_plain_id(batch: pa.RecordBatch, id_column: str) -> pa.RecordBatch:
+    idx = batch.schema.get_field_index(id_column)
+    column = batch.column(idx)
+    target = plain_type(column.type)
+    if target == column.type:
+        return batch
+    return batch.set_column(idx, id_column, column.cast(target))

@@ -162,27 +162,52 @@ async def _read(
                 raise JobError(f"{shard.input_path}: read {first} rows, the file's footer says {shard.num_rows}")
 
 
-def _column(batch: pa.RecordBatch, name: str | None) -> list[Any] | None:
+def _column(batch: pa.RecordBatch, name: str | None, problems: list[RowError | None]) -> list[Any] | None:
+    """The column's values; a value that cannot be read (pyarrow does not validate UTF-8 on
+    read) is None, with a row error in `problems` at its position."""
     if name is None:
         return None
-    values: list[Any] = batch.column(batch.schema.get_field_index(name)).to_pylist()
+    array = batch.column(batch.schema.get_field_index(name))
+    try:
+        values: list[Any] = array.to_pylist()
+    except UnicodeDecodeError:
+        values = []
+        for i in range(len(array)):
+            try:
+                values.append(array[i].as_py())
+            except UnicodeDecodeError as exc:
+                values.append(None)
+                if problems[i] is None:
+                    problems[i] = RowError("invalid_utf8", f"column '{name}' is not valid UTF-8 ({exc.reason})")
     return values
+
+
+def _row_errors(batch: pa.RecordBatch, name: str | None, problems: list[RowError | None]) -> None:
+    """Fold a reader's struct<code, message> error column into `problems`."""
+    values = _column(batch, name, problems)
+    for i, value in enumerate(values or ()):
+        if value is not None and problems[i] is None:
+            problems[i] = RowError(str(value.get("code") or "invalid_request"), str(value.get("message") or ""))
 
 
 def _prepare_batch(preparer: RowPreparer, options: PipelineOptions, item: _Batch) -> list[PreparedRow]:
     cols = options.columns
     batch = item.batch
-    ids = _column(batch, cols.id) or []
-    passthrough_cols = [_column(batch, name) or [] for name in cols.passthrough]
+    problems: list[RowError | None] = [None] * batch.num_rows
+    _row_errors(batch, cols.row_error, problems)
+    ids = _column(batch, cols.id, problems) or []
+    passthrough_cols = [_column(batch, name, problems) or [] for name in cols.passthrough]
     passthrough = [tuple(col[i] for col in passthrough_cols) for i in range(batch.num_rows)]
     return preparer.prepare(
         item.shard.index,
         item.first_row_idx,
         ids,
-        _column(batch, cols.prompt),
-        _column(batch, cols.messages),
-        _column(batch, cols.sampling_params),
+        _column(batch, cols.prompt, problems),
+        _column(batch, cols.messages, problems),
+        _column(batch, cols.sampling_params, problems),
         passthrough,
+        token_ids=_column(batch, cols.prompt_token_ids, problems),
+        row_errors=problems,
     )
 
 

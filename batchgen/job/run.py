@@ -19,6 +19,7 @@ import pyarrow as pa
 
 from batchgen import __version__
 from batchgen.engine.llm_engine import LLMEngine
+from batchgen.engine.sampling_params import SamplingParams
 from batchgen.io import (
     InputError,
     Manifest,
@@ -26,19 +27,29 @@ from batchgen.io import (
     OutputShardWriter,
     check_output_dir,
     clean_temp_files,
+    find_input_shards,
     inspect_shard,
     iter_shard_batches,
-    list_input_shards,
     output_schema,
     rows_to_batch,
     summarize_output_shard,
     write_json_atomic,
 )
+from batchgen.io.openai_batch import summarize_openai_output
 from batchgen.job.config import JobConfig
+from batchgen.job.openai_batch import OpenAIBatchSink, OpenAIBatchSource, plan_openai_shards
 from batchgen.job.pipeline import run_pipeline_sync
 from batchgen.job.prepare import RowPreparer
 from batchgen.job.shard_assembly import achieved_hit_rate, ideal_hit_rate
-from batchgen.job.stages import JobError, PipelineOptions, PipelineStats, ShardMeta, ShardStats
+from batchgen.job.stages import (
+    JobError,
+    PipelineOptions,
+    PipelineStats,
+    ShardMeta,
+    ShardStats,
+    Sink,
+    Source,
+)
 from batchgen.models.checkpoint import Checkpoint, load_checkpoint
 
 __all__ = ["ConfigChangedError", "JobSummary", "build_engine", "run_job"]
@@ -87,13 +98,17 @@ def build_engine(config: JobConfig, checkpoint: Checkpoint) -> LLMEngine:
 
 
 class _FileSource:
-    def __init__(self, config: JobConfig) -> None:
+    def __init__(self, config: JobConfig, partitions: dict[str, tuple[tuple[str, str], ...]]) -> None:
         self._columns = config.io.columns
         self._batch_rows = config.io.batch_rows
+        self._partitions = partitions  # input path -> Hive partition values
 
     def iter_batches(self, shard: ShardMeta) -> Iterator[pa.RecordBatch]:
         batches: Iterator[pa.RecordBatch] = iter_shard_batches(
-            Path(shard.input_path), self._columns, self._batch_rows
+            Path(shard.input_path),
+            self._columns,
+            self._batch_rows,
+            partitions=self._partitions.get(shard.input_path, ()),
         )
         return batches
 
@@ -155,8 +170,42 @@ def _fingerprint(config: JobConfig, checkpoint: Checkpoint) -> dict[str, Any]:
 
 
 def _plan_shards(config: JobConfig) -> list[tuple[Path, Any]]:
-    paths = list_input_shards(config.io.input, config.base_dir)
-    return [(p, inspect_shard(p, config.io.columns)) for p in paths]
+    out_dir = config.resolve_path(config.io.output)
+    if config.io.input_format == "openai_jsonl":
+        return plan_openai_shards(config)
+    sampling_fields = [f.name for f in dataclasses.fields(SamplingParams)]
+    return [
+        (
+            s.path,
+            inspect_shard(
+                s.path, config.io.columns, name=s.name, partitions=s.partitions, sampling_fields=sampling_fields
+            ),
+        )
+        for s in find_input_shards(config.io.input, config.base_dir, exclude=out_dir)
+    ]
+
+
+def _summarize(config: JobConfig, path: Path, *, input_path: str, num_input_rows: int) -> Any:
+    summarize = summarize_openai_output if config.io.output_format == "openai_jsonl" else summarize_output_shard
+    return summarize(path, input_path=input_path, num_input_rows=num_input_rows)
+
+
+def _source_and_sink(
+    config: JobConfig, infos: list[tuple[Path, Any]], out_dir: Path, manifest: Manifest, checkpoint: Checkpoint
+) -> tuple[Source, Sink]:
+    """Parquet files, or OpenAI batch request/response files (`batchgen.job.openai_batch`)."""
+    source: Source
+    sink: Sink
+    if config.io.input_format == "openai_jsonl":
+        source = OpenAIBatchSource(config.io.batch_rows)
+    else:
+        source = _FileSource(config, {str(path): info.partitions for path, info in infos})
+    if config.io.output_format == "openai_jsonl":
+        served = checkpoint.source.name
+        sink = OpenAIBatchSink(out_dir, manifest, checkpoint.tokenizer, served)
+    else:
+        sink = _FileSink(out_dir, manifest, config)
+    return source, sink
 
 
 def run_job(config: JobConfig, *, restart: bool = False, use_tqdm: bool = True) -> JobSummary:
@@ -208,7 +257,7 @@ def run_job(config: JobConfig, *, restart: bool = False, use_tqdm: bool = True) 
             continue
         if (out_dir / info.name).exists():
             # Killed after the rename, before the manifest save: the file is whole; record it.
-            record = summarize_output_shard(out_dir / info.name, input_path=str(path), num_input_rows=info.num_rows)
+            record = _summarize(config, out_dir / info.name, input_path=str(path), num_input_rows=info.num_rows)
             manifest.mark_committed(info.name, record)
             skipped += 1
             continue
@@ -234,6 +283,7 @@ def run_job(config: JobConfig, *, restart: bool = False, use_tqdm: bool = True) 
         prompt_too_long=config.prompt_too_long,
         job_seed=config.seed,
     )
+    is_openai = config.io.output_format == "openai_jsonl"
     options = PipelineOptions(
         columns=config.io.columns,
         batch_rows=config.io.batch_rows,
@@ -241,12 +291,12 @@ def run_job(config: JobConfig, *, restart: bool = False, use_tqdm: bool = True) 
         window_rows=config.window_rows,
         max_error_rate=config.max_error_rate,
         min_rows_for_error_rate=config.min_rows_for_error_rate,
-        include_token_ids=config.io.include_token_ids,
-        include_logprobs=config.io.include_logprobs,
+        include_token_ids=config.io.include_token_ids or is_openai,
+        include_logprobs=config.io.include_logprobs or is_openai,
         use_tqdm=use_tqdm,
     )
-    sink = _FileSink(out_dir, manifest, config)
-    stats = run_pipeline_sync(engine, preparer, _FileSource(config), sink, todo, options)
+    source, sink = _source_and_sink(config, infos, out_dir, manifest, checkpoint)
+    stats = run_pipeline_sync(engine, preparer, source, sink, todo, options)
     summary = make_summary(stats, time.perf_counter() - start, skipped=skipped)
     write_json_atomic(out_dir / "summary.json", summary.data)
     return summary

@@ -1,0 +1,226 @@
+"""OpenAI Batch API files as a job's source and sink (`batchgen run-batch`, ``format:
+openai_jsonl``).
+
+Requests come from `batchgen.io.openai_batch` as Arrow rows (custom_id as the id, url, model and
+line number as passthrough values); this module turns the output rows of each request into
+one response line: ``{id, custom_id, response: {status_code, request_id, body}, error}``, with
+an OpenAI-shaped ``chat.completion`` or ``text_completion`` object as the body (choices,
+finish_reason, usage with ``prompt_tokens_details.cached_tokens``), or a 400 response with an
+``error`` object for a row that failed. Lines are written in input order, one per request,
+to a file committed atomically like a Parquet shard.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from batchgen.io import InputError, Manifest, OutputRow, ShardInfo, find_input_shards
+from batchgen.io.openai_batch import (
+    CHAT_URL,
+    JsonlShardWriter,
+    inspect_openai_batch,
+    iter_openai_batches,
+    summarize_openai_output,
+)
+from batchgen.job.config import JobConfig
+from batchgen.job.stages import ShardMeta, ShardStats
+from batchgen.tokenizer.tokenizer import Tokenizer
+
+__all__ = ["OpenAIBatchSink", "OpenAIBatchSource", "plan_openai_shards", "response_line"]
+
+# Output row passthrough order, fixed by batchgen.io.openai_batch.OPENAI_COLUMNS.
+_URL, _MODEL, _LINE = 0, 1, 2
+
+
+def plan_openai_shards(config: JobConfig) -> list[tuple[Path, ShardInfo]]:
+    """The request files of the job (a file, a folder of ``*.jsonl`` files or a glob), each
+    checked and counted. With `IoConfig.output_name` (``run-batch -o``) the single shard takes
+    that name. Raises InputError naming the file."""
+    out_dir = config.resolve_path(config.io.output)
+    shards = find_input_shards(config.io.input, config.base_dir, exclude=out_dir, suffix=".jsonl")
+    name = config.io.output_name
+    if name is not None and len(shards) != 1:
+        raise InputError(
+            f"input '{config.io.input}' names {len(shards)} request files; an output file name "
+            "needs exactly one (give an output folder instead)"
+        )
+    return [
+        (s.path, inspect_openai_batch(s.path, name=name if name is not None else s.name))
+        for s in shards
+    ]
+
+
+class OpenAIBatchSource:
+    """Streams the requests of each request file (one shard per file)."""
+
+    def __init__(self, batch_rows: int) -> None:
+        self._batch_rows = batch_rows
+
+    def iter_batches(self, shard: ShardMeta) -> Iterator[pa.RecordBatch]:
+        batches: Iterator[pa.RecordBatch] = iter_openai_batches(Path(shard.input_path), self._batch_rows)
+        return batches
+
+
+def _usage(samples: Sequence[OutputRow]) -> dict[str, Any]:
+    first = samples[0]
+    completion = sum(s.completion_tokens for s in samples)
+    return {
+        "prompt_tokens": first.prompt_tokens,
+        "completion_tokens": completion,
+        "total_tokens": first.prompt_tokens + completion,
+        "prompt_tokens_details": {"cached_tokens": first.cached_tokens},
+    }
+
+
+def _token_texts(tokenizer: Tokenizer, token_ids: Sequence[int]) -> list[str]:
+    return [tokenizer.decode([t], skip_special_tokens=False) for t in token_ids]
+
+
+def _chat_logprobs(tokenizer: Tokenizer, row: OutputRow) -> dict[str, Any] | None:
+    if row.logprobs is None or row.output_token_ids is None:
+        return None
+    texts = _token_texts(tokenizer, row.output_token_ids)
+    content = [
+        {"token": text, "logprob": lp, "bytes": list(text.encode("utf-8")), "top_logprobs": []}
+        for text, lp in zip(texts, row.logprobs, strict=True)
+    ]
+    return {"content": content, "refusal": None}
+
+
+def _completion_logprobs(tokenizer: Tokenizer, row: OutputRow) -> dict[str, Any] | None:
+    if row.logprobs is None or row.output_token_ids is None:
+        return None
+    texts = _token_texts(tokenizer, row.output_token_ids)
+    offsets, offset = [], 0
+    for text in texts:
+        offsets.append(offset)
+        offset += len(text)
+    return {
+        "tokens": texts,
+        "token_logprobs": list(row.logprobs),
+        "top_logprobs": None,
+        "text_offset": offsets,
+    }
+
+
+def response_line(
+    samples: Sequence[OutputRow], *, tokenizer: Tokenizer, served_model: str, created: int
+) -> dict[str, Any]:
+    """The response line of one request from its output rows (one per sample, in order)."""
+    first = samples[0]
+    url, model, line = first.passthrough[_URL], first.passthrough[_MODEL], first.passthrough[_LINE]
+    head = {"id": f"batch_req_{line}", "custom_id": first.id}
+    request_id = f"req_{line}"
+    if first.error_code is not None:
+        message = first.error_message or ""
+        body = {
+            "error": {
+                "message": message,
+                "type": "invalid_request_error",
+                "param": None,
+                "code": first.error_code,
+            }
+        }
+        return {
+            **head,
+            "response": {"status_code": 400, "request_id": request_id, "body": body},
+            "error": {"code": first.error_code, "message": message},
+        }
+    is_chat = url == CHAT_URL
+    choices: list[dict[str, Any]] = []
+    for s in samples:
+        if is_chat:
+            choices.append(
+                {
+                    "index": s.sample_index,
+                    "message": {"role": "assistant", "content": s.output, "refusal": None},
+                    "logprobs": _chat_logprobs(tokenizer, s),
+                    "finish_reason": s.finish_reason,
+                }
+            )
+        else:
+            choices.append(
+                {
+                    "index": s.sample_index,
+                    "text": s.output,
+                    "logprobs": _completion_logprobs(tokenizer, s),
+                    "finish_reason": s.finish_reason,
+                }
+            )
+    completion: dict[str, Any] = {
+        "id": f"{'chatcmpl' if is_chat else 'cmpl'}-batchgen-{line}",
+        "object": "chat.completion" if is_chat else "text_completion",
+        "created": created,
+        "model": model if model is not None else served_model,
+        "choices": choices,
+        "usage": _usage(samples),
+        "system_fingerprint": None,
+    }
+    return {
+        **head,
+        "response": {"status_code": 200, "request_id": request_id, "body": completion},
+        "error": None,
+    }
+
+
+def _requests(rows: Sequence[OutputRow]) -> Iterator[list[OutputRow]]:
+    """Split rows (in input order) into requests: each request's samples start at index 0."""
+    group: list[OutputRow] = []
+    for row in rows:
+        if row.sample_index == 0 and group:
+            yield group
+            group = []
+        group.append(row)
+    if group:
+        yield group
+
+
+class OpenAIBatchSink:
+    """Writes each shard as a response file and records it in the manifest on commit."""
+
+    def __init__(
+        self, out_dir: Path, manifest: Manifest, tokenizer: Tokenizer, served_model: str
+    ) -> None:
+        self._out_dir = out_dir
+        self._manifest = manifest
+        self._tokenizer = tokenizer
+        self._served_model = served_model
+        self._writers: dict[int, JsonlShardWriter] = {}
+
+    def _writer(self, shard: ShardMeta) -> JsonlShardWriter:
+        writer = self._writers.get(shard.index)
+        if writer is None:
+            writer = self._writers[shard.index] = JsonlShardWriter(self._out_dir, shard.name)
+        return writer
+
+    def write(self, shard: ShardMeta, rows: Sequence[OutputRow]) -> None:
+        created = int(time.time())
+        lines = [
+            response_line(
+                group, tokenizer=self._tokenizer, served_model=self._served_model, created=created
+            )
+            for group in _requests(rows)
+        ]
+        self._writer(shard).write(lines)
+
+    def commit(self, shard: ShardMeta, stats: ShardStats) -> None:
+        path = self._writer(shard).commit()
+        del self._writers[shard.index]
+        record = summarize_openai_output(
+            path, input_path=shard.input_path, num_input_rows=shard.num_rows
+        )
+        self._manifest.mark_committed(
+            shard.name,
+            dataclasses.replace(record, wall_s=round(time.perf_counter() - stats.started, 3)),
+        )
+
+    def abort(self) -> None:
+        for writer in self._writers.values():
+            writer.abort()
+        self._writers.clear()

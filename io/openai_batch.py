@@ -1,0 +1,439 @@
+"""OpenAI Batch API files: request lines in, as Arrow record batches; response lines out.
+
+Owns: parsing one request line (`parse_request`) into the columns of `OPENAI_COLUMNS`, the
+streamed reading of a request file (`count_requests`, `inspect_openai_batch`,
+`iter_openai_batches`), the atomic writing of a response file (`JsonlShardWriter`) and the
+summary of a committed response file (`summarize_openai_output`).
+
+A request line is ``{"custom_id", "method": "POST", "url", "body"}`` with url
+``/v1/chat/completions`` (body ``messages``) or ``/v1/completions`` (body ``prompt``). Body
+fields map onto SamplingParams names (`SUPPORTED_BODY_FIELDS`); ``model`` is kept to be echoed;
+fields that cannot change the output at their neutral value are accepted at that value only.
+
+Invariants:
+- One row per non-blank line, in file order, whatever the line holds: a line that is not
+  JSON, not a request, names another url, lacks a custom_id or uses an unsupported field still
+  yields a row, with `request_error` {code, message} set; the job writes it as an error line.
+- Memory stays near one batch of lines: the file is read line by line.
+- A response file exists under its final name whole or not at all (temporary file, fsync,
+  rename, fsync of the folder), exactly like a Parquet output shard.
+
+May import: the standard library and pyarrow. Nothing of batchgen, no torch.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections import Counter
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import IO, Any
+
+import pyarrow as pa
+
+from .errors import InputError
+from .manifest import ShardRecord
+from .reader import ShardInfo
+from .schema import ColumnMap
+from .writer import fsync_path, new_temp_path
+
+__all__ = [
+    "CHAT_URL",
+    "COMPLETIONS_URL",
+    "OPENAI_COLUMNS",
+    "SUPPORTED_BODY_FIELDS",
+    "JsonlShardWriter",
+    "count_requests",
+    "inspect_openai_batch",
+    "iter_openai_batches",
+    "parse_request",
+    "summarize_openai_output",
+]
+
+CHAT_URL = "/v1/chat/completions"
+COMPLETIONS_URL = "/v1/completions"
+
+OPENAI_COLUMNS = ColumnMap(
+    id="custom_id",
+    prompt="prompt",
+    messages="messages",
+    sampling_params="sampling_params",
+    passthrough=("url", "model", "line"),
+    row_error="request_error",
+)
+
+_SAMPLING_TYPE = pa.struct(
+    [
+        pa.field("n", pa.int64()),
+        pa.field("max_tokens", pa.int64()),
+        pa.field("temperature", pa.float64()),
+        pa.field("top_p", pa.float64()),
+        pa.field("seed", pa.int64()),
+        pa.field("stop", pa.list_(pa.string())),
+        pa.field("logprobs", pa.int64()),
+    ]
+)
+_MESSAGE_TYPE = pa.struct([pa.field("role", pa.string()), pa.field("content", pa.string())])
+_PASSTHROUGH = pa.schema(
+    [pa.field("url", pa.string()), pa.field("model", pa.string()), pa.field("line", pa.int64())]
+)
+_SCHEMA = pa.schema(
+    [
+        pa.field("custom_id", pa.string()),
+        pa.field("prompt", pa.string()),
+        pa.field("messages", pa.list_(_MESSAGE_TYPE)),
+        pa.field("sampling_params", _SAMPLING_TYPE),
+        pa.field("request_error", pa.struct([pa.field("code", pa.string()), pa.field("message", pa.string())])),
+        *_PASSTHROUGH,
+    ]
+)
+
+# body field -> the SamplingParams field it sets (chat's logprobs/top_logprobs are special).
+_INT_FIELDS = {"n": "n", "max_tokens": "max_tokens", "max_completion_tokens": "max_tokens", "seed": "seed"}
+_FLOAT_FIELDS = {"temperature": "temperature", "top_p": "top_p"}
+# Fields that change nothing at these values, accepted at them only.
+_NEUTRAL: dict[str, tuple[Any, ...]] = {
+    "stream": (False, None),
+    "frequency_penalty": (0, None),
+    "presence_penalty": (0, None),
+    "logit_bias": ({}, None),
+    "echo": (False, None),
+    "best_of": (1, None),
+    "suffix": (None, ""),
+    "response_format": ({"type": "text"}, None),
+    "tools": ([], None),
+    "tool_choice": ("none", None),
+    "parallel_tool_calls": (None, True, False),
+    "stream_options": (None,),
+}
+# Fields that never change the output.
+_IGNORED = frozenset({"model", "user", "metadata", "store", "service_tier"})
+
+SUPPORTED_BODY_FIELDS = {
+    CHAT_URL: (
+        "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "n", "stop",
+        "seed", "logprobs", "top_logprobs",
+    ),
+    COMPLETIONS_URL: ("prompt", "max_tokens", "temperature", "top_p", "n", "stop", "seed", "logprobs"),
+}
+
+
+class _BadRequest(Exception):
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _number(body: Mapping[str, Any], key: str) -> float:
+    value = body[key]
+    if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value):
+        raise _BadRequest("invalid_request", f"body.{key} must be a number, got {value!r}")
+    return float(value)
+
+
+def _integer(body: Mapping[str, Any], key: str) -> int:
+    value = body[key]
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if not _is_int(value):
+        raise _BadRequest("invalid_request", f"body.{key} must be an integer, got {value!r}")
+    return int(value)
+
+
+def _text(content: Any, where: str) -> str:
+    """A message's content: a string or a list of text parts."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for part in content:
+            if not isinstance(part, Mapping) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                raise _BadRequest(
+                    "unsupported_field", f"{where}: only text content parts are supported, got {part!r}"
+                )
+            parts.append(part["text"])
+        return "".join(parts)
+    raise _BadRequest("invalid_request", f"{where} must be a string or a list of text parts")
+
+
+def _messages(body: Mapping[str, Any]) -> list[dict[str, str]]:
+    value = body.get("messages")
+    if not isinstance(value, list) or not value:
+        raise _BadRequest("invalid_request", "body.messages must be a non-empty list of {role, content}")
+    messages = []
+    for idx, message in enumerate(value):
+        where = f"body.messages[{idx}]"
+        if not isinstance(message, Mapping) or not isinstance(message.get("role"), str):
+            raise _BadRequest("invalid_request", f"{where} must be an object with a string role")
+        extra = sorted(set(message) - {"role", "content"})
+        if extra:
+            raise _BadRequest("unsupported_field", f"{where}.{extra[0]} is not supported")
+        messages.append({"role": message["role"], "content": _text(message.get("content"), f"{where}.content")})
+    return messages
+
+
+def _prompt(body: Mapping[str, Any]) -> str:
+    value = body.get("prompt")
+    if isinstance(value, list) and len(value) == 1 and isinstance(value[0], str):
+        value = value[0]
+    if isinstance(value, list):
+        raise _BadRequest(
+            "unsupported_field", "body.prompt: only one text prompt per request is supported"
+        )
+    if not isinstance(value, str):
+        raise _BadRequest("invalid_request", "body.prompt must be a string")
+    return value
+
+
+def _sampling(body: Mapping[str, Any], url: str) -> dict[str, Any]:
+    params: dict[str, Any] = {}
+    allowed = set(SUPPORTED_BODY_FIELDS[url])
+    for key, value in body.items():
+        if key in _IGNORED or key in ("messages", "prompt"):
+            continue
+        if key in _NEUTRAL:
+            if value not in _NEUTRAL[key]:
+                raise _BadRequest(
+                    "unsupported_field", f"body.{key}={json.dumps(value)} is not supported (it would change the output)"
+                )
+            continue
+        if key not in allowed:
+            raise _BadRequest("unsupported_field", f"body.{key} is not supported for {url}")
+        if value is None:
+            continue
+        if key in _INT_FIELDS:
+            name = _INT_FIELDS[key]
+            number = _integer(body, key)
+            if name in params and params[name] != number:
+                raise _BadRequest("invalid_request", "body.max_tokens and body.max_completion_tokens differ")
+            params[name] = number
+        elif key in _FLOAT_FIELDS:
+            params[_FLOAT_FIELDS[key]] = _number(body, key)
+        elif key == "stop":
+            stops = [value] if isinstance(value, str) else value
+            if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
+                raise _BadRequest("invalid_request", "body.stop must be a string or a list of strings")
+            params["stop"] = stops
+        elif key == "logprobs" and url == COMPLETIONS_URL:
+            params["logprobs"] = _integer(body, key)
+        elif key == "logprobs":
+            if not isinstance(value, bool):
+                raise _BadRequest("invalid_request", "body.logprobs must be true or false")
+            if value:
+                params.setdefault("logprobs", 0)
+        elif key == "top_logprobs":
+            if body.get("logprobs") is not True:
+                raise _BadRequest("invalid_request", "body.top_logprobs needs body.logprobs: true")
+            params["logprobs"] = _integer(body, key)
+    if params.get("logprobs"):
+        # The output carries the sampled token's log-probability only.
+        raise _BadRequest(
+            "unsupported_field", "top log-probabilities (top_logprobs, logprobs > 0) are not supported"
+        )
+    return params
+
+
+def parse_request(raw: bytes, line: int) -> dict[str, Any]:
+    """One request line as a row of the reader's schema (see `OPENAI_COLUMNS`); a problem
+    sets `request_error` and never raises. `line` is the 1-based line number."""
+    row: dict[str, Any] = {
+        "custom_id": None,
+        "prompt": None,
+        "messages": None,
+        "sampling_params": None,
+        "request_error": None,
+        "url": None,
+        "model": None,
+        "line": line,
+    }
+    try:
+        try:
+            request = json.loads(raw)
+        except UnicodeDecodeError as exc:
+            raise _BadRequest("invalid_utf8", f"line {line} is not valid UTF-8 ({exc.reason})") from None
+        except ValueError as exc:
+            raise _BadRequest("invalid_json", f"line {line} is not valid JSON ({exc})") from None
+        if not isinstance(request, Mapping):
+            raise _BadRequest("invalid_request", f"line {line} is not a JSON object")
+        custom_id = request.get("custom_id")
+        if isinstance(custom_id, str) and custom_id:
+            row["custom_id"] = custom_id
+        url = request.get("url")
+        row["url"] = url if isinstance(url, str) else None
+        body = request.get("body")
+        if isinstance(body, Mapping) and isinstance(body.get("model"), str):
+            row["model"] = body["model"]
+        if row["custom_id"] is None:
+            raise _BadRequest("missing_custom_id", f"line {line} has no custom_id (a non-empty string)")
+        if request.get("method", "POST") != "POST":
+            raise _BadRequest("invalid_request", f"method must be POST, got {request.get('method')!r}")
+        if url not in (CHAT_URL, COMPLETIONS_URL):
+            raise _BadRequest(
+                "unsupported_url", f"url {url!r} is not supported; expected {CHAT_URL} or {COMPLETIONS_URL}"
+            )
+        if not isinstance(body, Mapping):
+            raise _BadRequest("invalid_request", "body must be a JSON object")
+        if url == CHAT_URL:
+            row["messages"] = _messages(body)
+        else:
+            row["prompt"] = _prompt(body)
+        row["sampling_params"] = _sampling(body, url) or None
+    except _BadRequest as exc:
+        row["request_error"] = {"code": exc.code, "message": exc.message}
+        row["prompt"] = row["messages"] = row["sampling_params"] = None
+    return row
+
+
+def _lines(handle: IO[bytes]) -> Iterator[bytes]:
+    for raw in handle:
+        if raw.strip():
+            yield raw
+
+
+def count_requests(path: Path) -> int:
+    """The number of non-blank lines of a request file (one pass, bounded memory). Raises
+    InputError naming the file when it cannot be read."""
+    try:
+        with path.open("rb") as handle:
+            return sum(1 for _ in _lines(handle))
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read the request file ({exc.strerror or exc})") from exc
+
+
+def inspect_openai_batch(path: Path, *, name: str | None = None) -> ShardInfo:
+    """The shard of one request file: its requests, a string id (custom_id) and the
+    passthrough columns url, model and line. Raises InputError when it cannot be read."""
+    if not path.is_file():
+        raise InputError(f"{path}: the request file does not exist")
+    return ShardInfo(
+        path=path,
+        name=path.name if name is None else name,
+        num_rows=count_requests(path),
+        id_type=pa.string(),
+        passthrough=_PASSTHROUGH,
+    )
+
+
+def iter_openai_batches(path: Path, batch_rows: int) -> Iterator[pa.RecordBatch]:
+    """Yield the requests of a file in line order as record batches of `batch_rows` rows with
+    `OPENAI_COLUMNS.required_columns`. A plain generator; the file closes with it."""
+    if batch_rows < 1:
+        raise ValueError(f"batch_rows must be >= 1, got {batch_rows}")
+    names = list(OPENAI_COLUMNS.required_columns)
+    try:
+        handle = path.open("rb")
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read the request file ({exc.strerror or exc})") from exc
+    with handle:
+        rows: list[dict[str, Any]] = []
+        for number, raw in enumerate(_lines(handle), start=1):
+            rows.append(parse_request(raw, number))
+            if len(rows) == batch_rows:
+                yield pa.RecordBatch.from_pylist(rows, schema=_SCHEMA).select(names)
+                rows = []
+        if rows:
+            yield pa.RecordBatch.from_pylist(rows, schema=_SCHEMA).select(names)
+
+
+class JsonlShardWriter:
+    """One response file being written: lines go to a temporary file until `commit`, which
+    fsyncs it, renames it to ``out_dir/name`` and fsyncs the folder. Leaving the context
+    without a commit aborts (the temporary file is removed)."""
+
+    def __init__(self, out_dir: Path, name: str) -> None:
+        if not name or Path(name).name != name or name.startswith("."):
+            raise ValueError(f"name must be a plain file name, got {name!r}")
+        self._final_path = out_dir / name
+        self._temp_path = new_temp_path(out_dir, name)
+        self._handle: IO[str] | None = self._temp_path.open("x", encoding="utf-8")
+        self._num_lines = 0
+
+    @property
+    def final_path(self) -> Path:
+        return self._final_path
+
+    @property
+    def num_lines(self) -> int:
+        return self._num_lines
+
+    def write(self, lines: Sequence[Mapping[str, Any]]) -> None:
+        """Append one JSON line per mapping. Raises ValueError after commit/abort or for a
+        value JSON cannot hold (NaN included)."""
+        if self._handle is None:
+            raise ValueError(f"response file {self._final_path} is already committed or aborted")
+        text = "".join(json.dumps(line, allow_nan=False, ensure_ascii=False) + "\n" for line in lines)
+        self._handle.write(text)
+        self._num_lines += len(lines)
+
+    def commit(self) -> Path:
+        """Make the file final; on failure the temporary file is removed and the error raised."""
+        if self._handle is None:
+            raise ValueError(f"response file {self._final_path} is already committed or aborted")
+        handle, self._handle = self._handle, None
+        try:
+            handle.flush()
+            os.fsync(handle.fileno())
+            handle.close()
+            os.replace(self._temp_path, self._final_path)
+        except BaseException:
+            handle.close()
+            self._temp_path.unlink(missing_ok=True)
+            raise
+        fsync_path(self._final_path.parent)
+        return self._final_path
+
+    def abort(self) -> None:
+        """Close and delete the temporary file; a no-op after commit or abort."""
+        handle, self._handle = self._handle, None
+        if handle is not None:
+            handle.close()
+            self._temp_path.unlink(missing_ok=True)
+
+    def __enter__(self) -> JsonlShardWriter:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.abort()
+
+
+def summarize_openai_output(path: Path, *, input_path: str, num_input_rows: int) -> ShardRecord:
+    """The record of a committed response file, from its lines' ``error`` and
+    ``response.body.usage`` (streamed). Raises InputError naming the file when unreadable."""
+    lines = errors = prompt = cached = completion = 0
+    codes: Counter[str] = Counter()
+    try:
+        with path.open("rb") as handle:
+            for raw in _lines(handle):
+                lines += 1
+                item = json.loads(raw)
+                if item.get("error") is not None:
+                    errors += 1
+                    codes[str(item["error"].get("code") or "unknown")] += 1
+                    continue
+                usage = item["response"]["body"]["usage"]
+                prompt += int(usage["prompt_tokens"])
+                completion += int(usage["completion_tokens"])
+                cached += int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise InputError(f"{path}: cannot summarize the response file ({exc})") from exc
+    return ShardRecord(
+        input_path=input_path,
+        num_input_rows=num_input_rows,
+        num_output_rows=lines,
+        rows_by_status={"ok": lines - errors, "error": errors},
+        error_codes=dict(sorted(codes.items())),
+        prompt_tokens=prompt,
+        cached_tokens=cached,
+        completion_tokens=completion,
+        wall_s=0.0,
+    )
