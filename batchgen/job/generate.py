@@ -1,8 +1,8 @@
-"""`batchgen.generate(table, ...)`: the job pipeline over an in-memory Arrow table (or polars).
+"""`batchgen.generate(table, ...)`: the job pipeline over an in-memory Arrow table (or polars, or pandas).
 
 The table goes through the same prepare / order / engine / write stages as `batchgen run`, as one
 shard; the result is the input table with the output columns appended, rows in input order
-(`n` > 1 repeats each row once per sample). polars is imported only when a polars frame comes in.
+(`n` > 1 repeats each row once per sample). polars is imported only when a polars frame comes in; a pandas frame comes back as pandas.
 """
 
 from __future__ import annotations
@@ -57,6 +57,7 @@ def generate(
     sampling: SamplingParams | Mapping[str, Any] | None = None,
     prompt_column: str = "prompt",
     messages_column: str | None = None,
+    prompt_token_ids_column: str | None = None,
     sampling_params_column: str | None = None,
     seed: int = 0,
     prompt_too_long: str = "error",
@@ -68,22 +69,37 @@ def generate(
     use_tqdm: bool = True,
     **engine_options: Any,
 ) -> Any:
-    """Generate for every row of `table` (a pyarrow.Table or polars.DataFrame).
+    """Generate for every row of `table` (a pyarrow.Table, polars.DataFrame or
+    pandas.DataFrame, converted by pyarrow; its index is not kept). The prompt is
+    `prompt_column` (text), `messages_column` (chats) or `prompt_token_ids_column` (lists of
+    token ids).
 
     Returns the same kind of table: the input columns, then `sample_index`, `output`,
     `finish_reason`, `stop_reason`, `usage`, `error`, `seed` (and `output_token_ids`,
     `logprobs` when asked). Bad rows get an `error` instead of failing the call. Unknown
     keyword arguments raise TypeError; bad values raise ValueError.
     """
-    is_polars = type(table).__module__.split(".")[0] == "polars"
-    arrow: pa.Table = table.to_arrow() if is_polars else table
+    kind = type(table).__module__.split(".")[0]
+    if kind == "polars":
+        arrow: pa.Table = table.to_arrow()
+    elif kind == "pandas" and type(table).__name__ == "DataFrame":
+        arrow = pa.Table.from_pandas(table, preserve_index=False)
+    else:
+        arrow = table
     if not isinstance(arrow, pa.Table):
-        raise TypeError(f"generate() takes a pyarrow.Table or a polars.DataFrame, got {type(table).__name__}")
-    if messages_column is not None:
+        raise TypeError(
+            "generate() takes a pyarrow.Table, a polars.DataFrame or a pandas.DataFrame, "
+            f"got {type(table).__name__}"
+        )
+    if messages_column is not None or prompt_token_ids_column is not None:
         prompt_column_used: str | None = None
     else:
         prompt_column_used = prompt_column
-    needed = [c for c in (prompt_column_used, messages_column, sampling_params_column) if c]
+    needed = [
+        c
+        for c in (prompt_column_used, messages_column, prompt_token_ids_column, sampling_params_column)
+        if c
+    ]
     missing = [c for c in needed if c not in arrow.column_names]
     if missing:
         raise ValueError(f"the table has no column {missing[0]!r}; its columns: {', '.join(arrow.column_names)}")
@@ -103,6 +119,7 @@ def generate(
         id=_ROW_ID,
         prompt=prompt_column_used,
         messages=messages_column,
+        prompt_token_ids=prompt_token_ids_column,
         sampling_params=sampling_params_column,
     )
 
@@ -135,10 +152,12 @@ def generate(
     run_pipeline_sync(engine, preparer, _TableSource(work, 1024), sink, [shard], options)
     out = pa.Table.from_batches(sink.batches, schema=schema)
     result = _assemble(arrow, out)
-    if is_polars:
+    if kind == "polars":
         import polars as pl
 
         return pl.from_arrow(result)
+    if kind == "pandas":
+        return result.to_pandas()
     return result
 
 
