@@ -40,8 +40,9 @@ _URL, _MODEL, _LINE = 0, 1, 2
 
 def plan_openai_shards(config: JobConfig) -> list[tuple[Path, ShardInfo]]:
     """The request files of the job (a file, a folder of ``*.jsonl`` files or a glob), each
-    checked and counted. With `IoConfig.output_name` (``run-batch -o``) the single shard takes
-    that name. Raises InputError naming the file."""
+    checked and counted. Output shards keep the request file's name (``.parquet`` instead of
+    ``.jsonl`` for Parquet output); with `IoConfig.output_name` (``run-batch -o``) the single
+    shard takes that name. Raises InputError naming the file."""
     out_dir = config.resolve_path(config.io.output)
     shards = find_input_shards(config.io.input, config.base_dir, exclude=out_dir, suffix=".jsonl")
     name = config.io.output_name
@@ -50,10 +51,13 @@ def plan_openai_shards(config: JobConfig) -> list[tuple[Path, ShardInfo]]:
             f"input '{config.io.input}' names {len(shards)} request files; an output file name "
             "needs exactly one (give an output folder instead)"
         )
-    return [
-        (s.path, inspect_openai_batch(s.path, name=name if name is not None else s.name))
-        for s in shards
-    ]
+    planned = []
+    for s in shards:
+        out_name = name if name is not None else s.name
+        if name is None and config.io.output_format == "parquet":
+            out_name = out_name.removesuffix(".jsonl") + ".parquet"
+        planned.append((s.path, inspect_openai_batch(s.path, name=out_name)))
+    return planned
 
 
 class OpenAIBatchSource:
