@@ -1,9 +1,12 @@
-"""batchgen.io: Parquet in, Parquet out, and the manifest that makes a job resumable.
+"""batchgen.io: Parquet (and OpenAI batch JSONL) in and out, and the manifest that makes a job resumable.
 
 Owns (one module each):
 - ``schema``: the input column roles (`ColumnMap`) and the fixed output schema, identical for
   success and error rows (`output_schema`, `OutputRow`, `rows_to_batch`);
-- ``reader``: listing input shards, footer-only schema checks, bounded-memory batch streams;
+- ``listing``: finding input shards (folders recursively, Hive partitions, globs);
+- ``reader``: footer-only schema checks, bounded-memory batch streams;
+- ``openai_batch``: OpenAI Batch API request lines as Arrow rows (streamed);
+- ``jsonl_writer``: response files written atomically, and their summary;
 - ``writer``: output shards written to a temporary file and renamed whole on commit;
 - ``manifest``: ``manifest.json``, the committed shards and the configuration fingerprint;
 - ``errors``: `InputError`, whose message is shown to users as it is.

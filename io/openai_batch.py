@@ -1,9 +1,8 @@
 """OpenAI Batch API files: request lines in, as Arrow record batches; response lines out.
 
-Owns: parsing one request line (`parse_request`) into the columns of `OPENAI_COLUMNS`, the
+Owns: parsing one request line (`parse_request`) into the columns of `OPENAI_COLUMNS` and the
 streamed reading of a request file (`count_requests`, `inspect_openai_batch`,
-`iter_openai_batches`), the atomic writing of a response file (`JsonlShardWriter`) and the
-summary of a committed response file (`summarize_openai_output`).
+`iter_openai_batches`). Response files are written by `batchgen.io.jsonl_writer`.
 
 A request line is ``{"custom_id", "method": "POST", "url", "body"}`` with url
 ``/v1/chat/completions`` (body ``messages``) or ``/v1/completions`` (body ``prompt``). Body
@@ -15,8 +14,6 @@ Invariants:
   JSON, not a request, names another url, lacks a custom_id or uses an unsupported field still
   yields a row, with `request_error` {code, message} set; the job writes it as an error line.
 - Memory stays near one batch of lines: the file is read line by line.
-- A response file exists under its final name whole or not at all (temporary file, fsync,
-  rename, fsync of the folder), exactly like a Parquet output shard.
 
 May import: the standard library and pyarrow. Nothing of batchgen, no torch.
 """
@@ -25,32 +22,26 @@ from __future__ import annotations
 
 import json
 import math
-import os
-from collections import Counter
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from types import TracebackType
 from typing import IO, Any
 
 import pyarrow as pa
 
 from .errors import InputError
-from .manifest import ShardRecord
 from .reader import ShardInfo
 from .schema import ColumnMap
-from .writer import fsync_path, new_temp_path
 
 __all__ = [
     "CHAT_URL",
     "COMPLETIONS_URL",
     "OPENAI_COLUMNS",
     "SUPPORTED_BODY_FIELDS",
-    "JsonlShardWriter",
     "count_requests",
     "inspect_openai_batch",
     "iter_openai_batches",
+    "non_blank_lines",
     "parse_request",
-    "summarize_openai_output",
 ]
 
 CHAT_URL = "/v1/chat/completions"
@@ -292,7 +283,8 @@ def parse_request(raw: bytes, line: int) -> dict[str, Any]:
     return row
 
 
-def _lines(handle: IO[bytes]) -> Iterator[bytes]:
+def non_blank_lines(handle: IO[bytes]) -> Iterator[bytes]:
+    """The lines of a binary file that hold more than whitespace."""
     for raw in handle:
         if raw.strip():
             yield raw
@@ -303,7 +295,7 @@ def count_requests(path: Path) -> int:
     InputError naming the file when it cannot be read."""
     try:
         with path.open("rb") as handle:
-            return sum(1 for _ in _lines(handle))
+            return sum(1 for _ in non_blank_lines(handle))
     except OSError as exc:
         raise InputError(f"{path}: cannot read the request file ({exc.strerror or exc})") from exc
 
@@ -334,106 +326,10 @@ def iter_openai_batches(path: Path, batch_rows: int) -> Iterator[pa.RecordBatch]
         raise InputError(f"{path}: cannot read the request file ({exc.strerror or exc})") from exc
     with handle:
         rows: list[dict[str, Any]] = []
-        for number, raw in enumerate(_lines(handle), start=1):
+        for number, raw in enumerate(non_blank_lines(handle), start=1):
             rows.append(parse_request(raw, number))
             if len(rows) == batch_rows:
                 yield pa.RecordBatch.from_pylist(rows, schema=_SCHEMA).select(names)
                 rows = []
         if rows:
             yield pa.RecordBatch.from_pylist(rows, schema=_SCHEMA).select(names)
-
-
-class JsonlShardWriter:
-    """One response file being written: lines go to a temporary file until `commit`, which
-    fsyncs it, renames it to ``out_dir/name`` and fsyncs the folder. Leaving the context
-    without a commit aborts (the temporary file is removed)."""
-
-    def __init__(self, out_dir: Path, name: str) -> None:
-        if not name or Path(name).name != name or name.startswith("."):
-            raise ValueError(f"name must be a plain file name, got {name!r}")
-        self._final_path = out_dir / name
-        self._temp_path = new_temp_path(out_dir, name)
-        self._handle: IO[str] | None = self._temp_path.open("x", encoding="utf-8")
-        self._num_lines = 0
-
-    @property
-    def final_path(self) -> Path:
-        return self._final_path
-
-    @property
-    def num_lines(self) -> int:
-        return self._num_lines
-
-    def write(self, lines: Sequence[Mapping[str, Any]]) -> None:
-        """Append one JSON line per mapping. Raises ValueError after commit/abort or for a
-        value JSON cannot hold (NaN included)."""
-        if self._handle is None:
-            raise ValueError(f"response file {self._final_path} is already committed or aborted")
-        text = "".join(json.dumps(line, allow_nan=False, ensure_ascii=False) + "\n" for line in lines)
-        self._handle.write(text)
-        self._num_lines += len(lines)
-
-    def commit(self) -> Path:
-        """Make the file final; on failure the temporary file is removed and the error raised."""
-        if self._handle is None:
-            raise ValueError(f"response file {self._final_path} is already committed or aborted")
-        handle, self._handle = self._handle, None
-        try:
-            handle.flush()
-            os.fsync(handle.fileno())
-            handle.close()
-            os.replace(self._temp_path, self._final_path)
-        except BaseException:
-            handle.close()
-            self._temp_path.unlink(missing_ok=True)
-            raise
-        fsync_path(self._final_path.parent)
-        return self._final_path
-
-    def abort(self) -> None:
-        """Close and delete the temporary file; a no-op after commit or abort."""
-        handle, self._handle = self._handle, None
-        if handle is not None:
-            handle.close()
-            self._temp_path.unlink(missing_ok=True)
-
-    def __enter__(self) -> JsonlShardWriter:
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.abort()
-
-
-def summarize_openai_output(path: Path, *, input_path: str, num_input_rows: int) -> ShardRecord:
-    """The record of a committed response file, from its lines' ``error`` and
-    ``response.body.usage`` (streamed). Raises InputError naming the file when unreadable."""
-    lines = errors = prompt = cached = completion = 0
-    codes: Counter[str] = Counter()
-    try:
-        with path.open("rb") as handle:
-            for raw in _lines(handle):
-                lines += 1
-                item = json.loads(raw)
-                if item.get("error") is not None:
-                    errors += 1
-                    codes[str(item["error"].get("code") or "unknown")] += 1
-                    continue
-                usage = item["response"]["body"]["usage"]
-                prompt += int(usage["prompt_tokens"])
-                completion += int(usage["completion_tokens"])
-                cached += int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise InputError(f"{path}: cannot summarize the response file ({exc})") from exc
-    return ShardRecord(
-        input_path=input_path,
-        num_input_rows=num_input_rows,
-        num_output_rows=lines,
-        rows_by_status={"ok": lines - errors, "error": errors},
-        error_codes=dict(sorted(codes.items())),
-        prompt_tokens=prompt,
-        cached_tokens=cached,
-        completion_tokens=completion,
-        wall_s=0.0,
-    )

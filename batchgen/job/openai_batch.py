@@ -21,13 +21,8 @@ from typing import Any
 import pyarrow as pa
 
 from batchgen.io import InputError, Manifest, OutputRow, ShardInfo, find_input_shards
-from batchgen.io.openai_batch import (
-    CHAT_URL,
-    JsonlShardWriter,
-    inspect_openai_batch,
-    iter_openai_batches,
-    summarize_openai_output,
-)
+from batchgen.io.jsonl_writer import JsonlShardWriter, summarize_openai_output
+from batchgen.io.openai_batch import CHAT_URL, inspect_openai_batch, iter_openai_batches
 from batchgen.job.config import JobConfig
 from batchgen.job.stages import ShardMeta, ShardStats
 from batchgen.tokenizer.tokenizer import Tokenizer

@@ -35,7 +35,7 @@ from batchgen.io import (
     summarize_output_shard,
     write_json_atomic,
 )
-from batchgen.io.openai_batch import summarize_openai_output
+from batchgen.io.jsonl_writer import summarize_openai_output
 from batchgen.job.config import JobConfig
 from batchgen.job.openai_batch import OpenAIBatchSink, OpenAIBatchSource, plan_openai_shards
 from batchgen.job.pipeline import run_pipeline_sync

@@ -27,9 +27,9 @@ def main(argv: list[str]) -> int:
     wanted = int(arg)
     count = 0
     if kind == "write":
-        from batchgen.io import openai_batch
+        from batchgen.io import jsonl_writer
 
-        real_write = openai_batch.JsonlShardWriter.write
+        real_write = jsonl_writer.JsonlShardWriter.write
 
         def write(self: Any, lines: Any) -> None:
             nonlocal count
@@ -38,7 +38,7 @@ def main(argv: list[str]) -> int:
                 _kill()
             real_write(self, lines)
 
-        openai_batch.JsonlShardWriter.write = write  # type: ignore[method-assign]
+        jsonl_writer.JsonlShardWriter.write = write  # type: ignore[method-assign]
     elif kind == "after_rename":
         real_replace = os.replace
 

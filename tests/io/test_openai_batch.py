@@ -10,14 +10,13 @@ from typing import Any
 import pytest
 
 from batchgen.io import InputError
+from batchgen.io.jsonl_writer import JsonlShardWriter, summarize_openai_output
 from batchgen.io.openai_batch import (
     OPENAI_COLUMNS,
-    JsonlShardWriter,
     count_requests,
     inspect_openai_batch,
     iter_openai_batches,
     parse_request,
-    summarize_openai_output,
 )
 
 
