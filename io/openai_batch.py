@@ -224,11 +224,6 @@ def _sampling(body: Mapping[str, Any], url: str) -> dict[str, Any]:
             if body.get("logprobs") is not True:
                 raise _BadRequest("invalid_request", "body.top_logprobs needs body.logprobs: true")
             params["logprobs"] = _integer(body, key)
-    if params.get("logprobs"):
-        # The output carries the sampled token's log-probability only.
-        raise _BadRequest(
-            "unsupported_field", "top log-probabilities (top_logprobs, logprobs > 0) are not supported"
-        )
     return params
 
 

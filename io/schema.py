@@ -172,6 +172,9 @@ class OutputRow:
     seed: int
     output_token_ids: tuple[int, ...] | None = None
     logprobs: tuple[float, ...] | None = None
+    # Per generated token, the top (token id, log-probability) pairs, best first, when the
+    # request asked for top log-probabilities; for response lines only, not a Parquet column.
+    top_logprobs: tuple[tuple[tuple[int, float], ...], ...] | None = None
 
     def __post_init__(self) -> None:
         if self.finish_reason not in FINISH_REASONS:

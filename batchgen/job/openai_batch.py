@@ -85,10 +85,16 @@ def _chat_logprobs(tokenizer: Tokenizer, row: OutputRow) -> dict[str, Any] | Non
     if row.logprobs is None or row.output_token_ids is None:
         return None
     texts = _token_texts(tokenizer, row.output_token_ids)
-    content = [
-        {"token": text, "logprob": lp, "bytes": list(text.encode("utf-8")), "top_logprobs": []}
-        for text, lp in zip(texts, row.logprobs, strict=True)
-    ]
+    tops = row.top_logprobs or tuple(() for _ in texts)
+    content = []
+    for text, lp, top in zip(texts, row.logprobs, tops, strict=True):
+        alternatives = [
+            {"token": t, "logprob": v, "bytes": list(t.encode("utf-8"))}
+            for t, (_, v) in zip(_token_texts(tokenizer, [i for i, _ in top]), top, strict=True)
+        ]
+        content.append(
+            {"token": text, "logprob": lp, "bytes": list(text.encode("utf-8")), "top_logprobs": alternatives}
+        )
     return {"content": content, "refusal": None}
 
 
@@ -100,10 +106,16 @@ def _completion_logprobs(tokenizer: Tokenizer, row: OutputRow) -> dict[str, Any]
     for text in texts:
         offsets.append(offset)
         offset += len(text)
+    top_logprobs = None
+    if row.top_logprobs is not None:
+        top_logprobs = [
+            dict(zip(_token_texts(tokenizer, [i for i, _ in top]), (v for _, v in top), strict=True))
+            for top in row.top_logprobs
+        ]
     return {
         "tokens": texts,
         "token_logprobs": list(row.logprobs),
-        "top_logprobs": None,
+        "top_logprobs": top_logprobs,
         "text_offset": offsets,
     }
 

@@ -77,8 +77,12 @@ def _success_outputs(row: PreparedRow, out: RequestOutput, options: PipelineOpti
     rows = []
     for c in out.outputs:
         logprobs = None
+        top: tuple[tuple[tuple[int, float], ...], ...] | None = None
         if options.include_logprobs and c.logprobs is not None:
             logprobs = tuple(entry[t] for t, entry in zip(c.token_ids, c.logprobs, strict=True))
+            k = row.params.logprobs if row.params is not None else None
+            if k:
+                top = tuple(tuple(sorted(e.items(), key=lambda kv: -kv[1])[:k]) for e in c.logprobs)
         rows.append(
             OutputRow(
                 id=row.id,
@@ -95,6 +99,7 @@ def _success_outputs(row: PreparedRow, out: RequestOutput, options: PipelineOpti
                 seed=c.seed,
                 output_token_ids=c.token_ids if options.include_token_ids else None,
                 logprobs=logprobs,
+                top_logprobs=top,
             )
         )
     return rows

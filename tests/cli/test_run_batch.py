@@ -50,6 +50,8 @@ MIXED = [
     _chat(None, "No custom id."),
     _chat("d", "Say hi.", logprobs=True, max_completion_tokens=2),
     _chat("e", "Penalized.", presence_penalty=1.5),
+    _chat("f", "Top three.", logprobs=True, top_logprobs=3, max_tokens=2),
+    _request("g", "/v1/completions", prompt="Top two", max_tokens=2, temperature=0, logprobs=2),
 ]
 EXPECTED_ERRORS = {
     3: "invalid_json",
@@ -77,7 +79,7 @@ def test_mixed_file_gives_one_line_per_request_in_order(tmp_path: Path, model: P
     lines = _read_lines(out)
     assert len(lines) == len(MIXED)
     assert [line["id"] for line in lines] == [f"batch_req_{i}" for i in range(1, len(MIXED) + 1)]
-    assert [line["custom_id"] for line in lines] == ["a", "b", None, "c", "a", "long", None, "d", "e"]
+    assert [line["custom_id"] for line in lines] == ["a", "b", None, "c", "a", "long", None, "d", "e", "f", "g"]
     for number, line in enumerate(lines, start=1):
         if number in EXPECTED_ERRORS:
             assert line["error"]["code"] == EXPECTED_ERRORS[number], line
@@ -90,11 +92,11 @@ def test_mixed_file_gives_one_line_per_request_in_order(tmp_path: Path, model: P
         usage = body["usage"]
         assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
         assert 0 <= usage["prompt_tokens_details"]["cached_tokens"] <= usage["prompt_tokens"]
-        if number == 2:
+        if number in (2, 11):
             completion = Completion.model_validate(body)
-            assert [c.index for c in completion.choices] == [0, 1]
+            assert [c.index for c in completion.choices] == ([0, 1] if number == 2 else [0])
             assert all(c.finish_reason in ("stop", "length") for c in completion.choices)
-            assert 2 <= usage["completion_tokens"] <= 6
+            assert usage["completion_tokens"] <= 6
         else:
             chat = ChatCompletion.model_validate(body)
             assert chat.object == "chat.completion" and len(chat.choices) == 1
@@ -107,6 +109,14 @@ def test_mixed_file_gives_one_line_per_request_in_order(tmp_path: Path, model: P
     assert all(entry["logprob"] <= 0 for entry in logprobs)
     assert lines[0]["response"]["body"]["choices"][0]["logprobs"] is None
     assert "presence_penalty" in lines[8]["error"]["message"]
+    # top_logprobs: the k best tokens per position, best first; greedy picks the best
+    for entry in lines[9]["response"]["body"]["choices"][0]["logprobs"]["content"]:
+        values = [t["logprob"] for t in entry["top_logprobs"]]
+        assert len(values) == 3 and values == sorted(values, reverse=True)
+        assert entry["logprob"] == values[0] and entry["token"] == entry["top_logprobs"][0]["token"]
+    completion_logprobs = lines[10]["response"]["body"]["choices"][0]["logprobs"]
+    assert len(completion_logprobs["tokens"]) == len(completion_logprobs["top_logprobs"])
+    assert all(len(top) <= 2 for top in completion_logprobs["top_logprobs"])
 
     # the state of the run sits next to the output file; a re-run skips the committed file
     assert (out.parent / "manifest.json").is_file()

@@ -71,6 +71,8 @@ def test_completion_request_and_text_parts() -> None:
     assert _error(row) is None
     assert row["prompt"] == "Once" and row["messages"] is None
     assert row["sampling_params"] == {"max_tokens": 4, "logprobs": 0}
+    row = parse_request(_line(logprobs=True, top_logprobs=2), 1)
+    assert row["sampling_params"] == {"logprobs": 2}
     parts = [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]
     row = parse_request(_line(messages=[{"role": "user", "content": parts}]), 1)
     assert row["messages"] == [{"role": "user", "content": "ab"}]
@@ -89,7 +91,7 @@ def test_completion_request_and_text_parts() -> None:
         (_line(tools=[{"type": "function"}]), "unsupported_field", "body.tools="),
         (_line(stream=True), "unsupported_field", "body.stream=true"),
         (_line(top_k=3), "unsupported_field", "body.top_k is not supported"),
-        (_line(logprobs=True, top_logprobs=2), "unsupported_field", "top log-probabilities"),
+        (_line(top_logprobs=2), "invalid_request", "needs body.logprobs: true"),
         (_line(max_tokens=3, max_completion_tokens=4), "invalid_request", "differ"),
         (_line(temperature="hot"), "invalid_request", "body.temperature must be a number"),
         (_line(messages=[{"role": "user", "content": "x", "name": "bob"}]), "unsupported_field", "messages[0].name"),
