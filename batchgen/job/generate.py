@@ -8,6 +8,7 @@ shard; the result is the input table with the output columns appended, rows in i
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import fields
 from typing import Any
 
 import pyarrow as pa
@@ -103,6 +104,8 @@ def generate(
     missing = [c for c in needed if c not in arrow.column_names]
     if missing:
         raise ValueError(f"the table has no column {missing[0]!r}; its columns: {', '.join(arrow.column_names)}")
+    if sampling_params_column is not None:
+        _check_sampling_struct(arrow.schema.field(sampling_params_column), sampling_params_column)
     engine_config = engine_configs(engine_options)
     if order not in ("prefix", "input"):
         raise ValueError(f"order must be 'prefix' or 'input', got {order!r}")
@@ -159,6 +162,21 @@ def generate(
     if kind == "pandas":
         return result.to_pandas()
     return result
+
+
+def _check_sampling_struct(field: pa.Field, name: str) -> None:
+    """Raises ValueError when the per-row sampling column is not a struct of SamplingParams
+    fields (checked before any work, as `batchgen run` checks a shard's footer)."""
+    if not pa.types.is_struct(field.type):
+        raise ValueError(f"column {name!r} (sampling_params) has type {field.type}; expected a struct")
+    known = {f.name for f in fields(SamplingParams)}
+    for idx in range(field.type.num_fields):
+        sub = field.type.field(idx).name
+        if sub not in known:
+            raise ValueError(
+                f"column {name!r} (sampling_params) has a field {sub!r} that is not a sampling "
+                f"parameter; expected some of: {', '.join(sorted(known))}"
+            )
 
 
 def _assemble(arrow: pa.Table, out: pa.Table) -> pa.Table:

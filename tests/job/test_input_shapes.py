@@ -205,3 +205,6 @@ def test_generate_takes_and_returns_pandas(model: Path, reference: dict[str, tup
     assert isinstance(out, pd.DataFrame)
     assert list(out["key"]) == IDS
     assert list(out["output"]) == [reference[i][0] for i in IDS]
+    frame["sp"] = [{"max_tokens": 4, "temprature": 0.0}] * len(IDS)
+    with pytest.raises(ValueError, match="field 'temprature' that is not a sampling parameter"):
+        generate(frame, model=str(model), sampling_params_column="sp", use_tqdm=False)
