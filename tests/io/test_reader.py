@@ -258,3 +258,27 @@ def test_closing_the_stream_early(tmp_path: Path) -> None:
     assert next(stream).num_rows == 3
     stream.close()
     assert next(stream, None) is None
+
+
+def test_pandas_and_arrow_string_types_are_strings(tmp_path: Path) -> None:
+    message = pa.struct([pa.field("role", pa.large_string()), pa.field("content", pa.large_string())])
+    table = pa.table(
+        {
+            "id": pa.array(["a", "b", "a"], pa.string()).dictionary_encode(),
+            "chat": pa.array([[{"role": "user", "content": "hi"}]] * 3, pa.large_list(message)),
+            "ids": pa.array([[1, 2], [3], []], pa.list_(pa.int64())),
+            "sp": pa.array([{"max_tokens": 4.0}] * 3, pa.struct([("max_tokens", pa.float64())])),
+        }
+    )
+    path = _write(tmp_path / "p.parquet", table)
+    columns = ColumnMap(prompt=None, messages="chat", sampling_params="sp")
+    info = inspect_shard(path, columns, sampling_fields=("max_tokens", "n"))
+    assert info.id_type == pa.string()  # the output id column is a plain string
+    batch = next(iter_shard_batches(path, columns, 10))
+    assert batch.column(0).type == pa.string() and batch.column(0).to_pylist() == ["a", "b", "a"]
+    assert batch.column(1).to_pylist()[0] == [{"role": "user", "content": "hi"}]
+    assert inspect_shard(path, ColumnMap(prompt=None, prompt_token_ids="ids")).num_rows == 3
+    with pytest.raises(InputError, match=r"column 'chat' \(the prompt_token_ids column\) has type"):
+        inspect_shard(path, ColumnMap(prompt=None, prompt_token_ids="chat"))
+    with pytest.raises(InputError, match=r"a field 'max_tokens' that is not a sampling parameter"):
+        inspect_shard(path, columns, sampling_fields=("n",))
