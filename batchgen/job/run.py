@@ -170,9 +170,9 @@ def _fingerprint(config: JobConfig, checkpoint: Checkpoint) -> dict[str, Any]:
 
 
 def _plan_shards(config: JobConfig) -> list[tuple[Path, Any]]:
-    out_dir = config.resolve_path(config.io.output)
     if config.io.input_format == "openai_jsonl":
         return plan_openai_shards(config)
+    out_dir = config.resolve_path(config.io.output)  # inside the input folder: not input
     sampling_fields = [f.name for f in dataclasses.fields(SamplingParams)]
     return [
         (
