@@ -10,7 +10,9 @@ Invariants:
 - Shards are returned sorted by path and have distinct output shard names (an output shard is
   named after its input shard, so two inputs with one name would overwrite each other's output).
 - Nothing in a folder is skipped silently except metadata: names starting with ``.`` or ``_``
-  (``_SUCCESS``, ``_temporary/``, our temporary files) and the job's own output folder.
+  (``_SUCCESS``, ``_temporary/``, our temporary files) and an `exclude` folder (a run-batch
+  output folder inside a folder of request files). A Parquet job's output folder inside the
+  input set is refused outright (`check_output_outside_inputs`).
 
 May import: the standard library. Nothing of batchgen, no torch.
 """

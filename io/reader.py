@@ -1,12 +1,14 @@
 """Reading prompt shards: finding them, checking their schema, streaming their rows.
 
-Owns: the footer-only schema check of one shard (`inspect_shard`) and the bounded-memory
-stream of its rows (`iter_shard_batches`); finding the shards is `batchgen.io.listing`
-(re-exported here).
+Owns: the footer-only schema check of one shard with its identity (`inspect_shard`,
+`ShardInfo.identity`: size and footer sha256) and the bounded-memory stream of its rows
+(`iter_shard_batches`); finding the shards and checking the output folder against them is
+`batchgen.io.listing` (re-exported here).
 
 Invariants:
-- A schema problem (missing column, wrong type, unreadable file) raises `InputError` naming
-  the file, the column and what was expected. Nulls inside valid columns are not schema
+- A schema problem (missing column, wrong type) raises `InputError` naming the file, the
+  column and what was expected; an unreadable file raises `ShardReadError` (an InputError that
+  ``on_bad_shard: skip`` may skip). Nulls inside valid columns are not schema
   problems: they become per-row errors downstream.
 - Streaming uses ``ParquetFile(pre_buffer=False, buffer_size=1 MiB).iter_batches(use_threads=
   False)`` (notes/toolchain.md §4): memory stays near one batch whatever the file size. Only
