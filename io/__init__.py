@@ -1,9 +1,12 @@
-"""batchgen.io: Parquet in, Parquet out, and the manifest that makes a job resumable.
+"""batchgen.io: Parquet (and OpenAI batch JSONL) in and out, and the manifest that makes a job resumable.
 
 Owns (one module each):
 - ``schema``: the input column roles (`ColumnMap`) and the fixed output schema, identical for
   success and error rows (`output_schema`, `OutputRow`, `rows_to_batch`);
-- ``reader``: listing input shards, footer-only schema checks, bounded-memory batch streams;
+- ``listing``: finding input shards (folders recursively, Hive partitions, globs);
+- ``reader``: footer-only schema checks, bounded-memory batch streams;
+- ``openai_batch``: OpenAI Batch API request lines as Arrow rows (streamed);
+- ``jsonl_writer``: response files written atomically, and their summary;
 - ``writer``: output shards written to a temporary file and renamed whole on commit;
 - ``manifest``: ``manifest.json``, the committed shards and the configuration fingerprint;
 - ``identity``: what identifies an input shard (path, size, rows, footer hash);
@@ -33,12 +36,17 @@ from .manifest import (
     summarize_output_shard,
 )
 from .reader import (
+    InputShard,
     ShardInfo,
     check_output_outside_inputs,
+    find_input_shards,
+    hive_partitions,
     inspect_shard,
     iter_shard_batches,
     list_input_shards,
+    plain_type,
     resolve_path,
+    shard_name,
 )
 from .schema import (
     FINISH_REASONS,
@@ -74,6 +82,7 @@ __all__ = [
     "ColumnMap",
     "InputError",
     "InputIdentity",
+    "InputShard",
     "Manifest",
     "OutputLock",
     "OutputRow",
@@ -84,17 +93,21 @@ __all__ = [
     "check_output_dir",
     "check_output_outside_inputs",
     "clean_temp_files",
+    "find_input_shards",
     "fingerprint_digest",
     "fsync_path",
+    "hive_partitions",
     "inspect_shard",
     "iter_shard_batches",
     "list_input_shards",
     "output_schema",
     "passthrough_fields",
+    "plain_type",
     "read_shard_metadata",
     "resolve_path",
     "rows_to_batch",
     "shard_metadata",
+    "shard_name",
     "summarize_output_shard",
     "write_bytes_atomic",
     "write_json_atomic",

@@ -1,13 +1,14 @@
 """Reading prompt shards: finding them, checking their schema, streaming their rows.
 
-Owns: the list of input shards of a job (`list_input_shards`), the footer-only schema check of
-one shard (`inspect_shard`) and the bounded-memory stream of its rows (`iter_shard_batches`).
+Owns: the footer-only schema check of one shard with its identity (`inspect_shard`,
+`ShardInfo.identity`: size and footer sha256) and the bounded-memory stream of its rows
+(`iter_shard_batches`); finding the shards and checking the output folder against them is
+`batchgen.io.listing` (re-exported here).
 
 Invariants:
-- Shards are returned sorted by path and have distinct file names (an output shard is named
-  after its input shard, so two inputs with one name would overwrite each other's output).
-- A schema problem (missing column, wrong type, unreadable file) raises `InputError` naming
-  the file, the column and what was expected. Nulls inside valid columns are not schema
+- A schema problem (missing column, wrong type) raises `InputError` naming the file, the
+  column and what was expected; an unreadable file raises `ShardReadError` (an InputError that
+  ``on_bad_shard: skip`` may skip). Nulls inside valid columns are not schema
   problems: they become per-row errors downstream.
 - Streaming uses ``ParquetFile(pre_buffer=False, buffer_size=1 MiB).iter_batches(use_threads=
   False)`` (notes/toolchain.md §4): memory stays near one batch whatever the file size. Only
@@ -19,11 +20,10 @@ May import: the standard library and pyarrow. Nothing of batchgen, no torch.
 
 from __future__ import annotations
 
-import fnmatch
-import glob
+import difflib
 import hashlib
 import os
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,138 +32,34 @@ import pyarrow.parquet as pq
 
 from .errors import InputError, ShardReadError
 from .identity import InputIdentity
+from .listing import (
+    InputShard,
+    check_output_outside_inputs,
+    find_input_shards,
+    hive_partitions,
+    list_input_shards,
+    resolve_path,
+    shard_name,
+)
 from .schema import ColumnMap
 
 __all__ = [
     "InputError",
+    "InputShard",
     "ShardInfo",
     "ShardReadError",
     "check_output_outside_inputs",
+    "find_input_shards",
+    "hive_partitions",
     "inspect_shard",
     "iter_shard_batches",
     "list_input_shards",
+    "plain_type",
     "resolve_path",
+    "shard_name",
 ]
 
-_GLOB_CHARS = frozenset("*?[")
 _STREAM_BUFFER_BYTES = 1 << 20
-
-
-def resolve_path(spec: str, base_dir: Path) -> Path:
-    """`spec` (``~`` expanded) made absolute against `base_dir` and normalised; no I/O."""
-    path = Path(spec).expanduser()
-    if not path.is_absolute():
-        path = base_dir / path
-    return Path(os.path.normpath(path))
-
-
-def list_input_shards(spec: str, base_dir: Path) -> list[Path]:
-    """The input shards named by `spec`: a folder (its ``*.parquet`` files, not recursive) or
-    a glob (``**`` recurses); relative specs resolve against `base_dir`.
-
-    Returns the paths sorted. Raises InputError when nothing matches, the folder does not
-    exist, or two shards share a file name.
-    """
-    resolved = resolve_path(spec, base_dir)
-    if _GLOB_CHARS.isdisjoint(spec):
-        if not resolved.exists():
-            raise InputError(f"input '{spec}' does not exist (resolved to {resolved})")
-        if resolved.is_dir():
-            paths = [
-                p
-                for p in resolved.iterdir()
-                if p.suffix == ".parquet" and not p.name.startswith(".") and p.is_file()
-            ]
-            if not paths:
-                raise InputError(
-                    f"no Parquet files in input folder '{spec}' (resolved to {resolved}); "
-                    "expected files named *.parquet"
-                )
-        else:
-            paths = [resolved]
-    else:
-        pattern = Path(spec).expanduser()
-        if not pattern.is_absolute():  # base_dir is a literal path even if it holds '[' or '*'
-            pattern = Path(glob.escape(str(base_dir))) / pattern
-        found = glob.glob(os.path.normpath(pattern), recursive=True)
-        paths = [Path(p) for p in found if os.path.isfile(p)]
-        if not paths:
-            raise InputError(f"no Parquet files match '{spec}' (resolved to {resolved})")
-    paths.sort()
-    by_name: dict[str, Path] = {}
-    for path in paths:
-        other = by_name.setdefault(path.name, path)
-        if other != path:
-            raise InputError(
-                f"input shards {other} and {path} share the file name '{path.name}'; "
-                "their output shards would collide: rename one or narrow the input glob"
-            )
-    return paths
-
-
-def _input_root(spec: str, base_dir: Path) -> Path:
-    """What an input spec reads from: the folder or file itself, or the part of a glob before
-    its first wildcard component."""
-    resolved = resolve_path(spec, base_dir)
-    if _GLOB_CHARS.isdisjoint(spec):
-        return resolved
-    static: list[str] = []
-    for part in Path(spec).expanduser().parts:
-        if not _GLOB_CHARS.isdisjoint(part):
-            break
-        static.append(part)
-    return resolve_path(os.path.join(*static), base_dir) if static else base_dir
-
-
-def _glob_reads_folder(spec: str, base_dir: Path, folder: Path) -> bool:
-    """Whether the glob `spec` would match Parquet files placed directly in `folder`: below its
-    fixed prefix for a recursive (``**``) glob, else when `folder` matches the glob's folder
-    part component by component."""
-    pattern = resolve_path(spec, base_dir)
-    if "**" in spec:
-        root = _input_root(spec, base_dir)
-        return folder == root or root in folder.parents
-    folder_parts = pattern.parent.parts
-    return len(folder.parts) == len(folder_parts) and all(
-        fnmatch.fnmatchcase(name, part) for name, part in zip(folder.parts, folder_parts, strict=True)
-    )
-
-
-def check_output_outside_inputs(
-    out_dir: Path, spec: str, base_dir: Path, input_paths: list[Path]
-) -> None:
-    """Refuse an output folder that equals, contains or lies inside the input set: an input
-    folder (or file), a folder a glob would read from, or a folder holding an input shard.
-    Output shards are named after input shards and ``--restart`` deletes them, so such a folder
-    could overwrite or delete the inputs, or feed outputs back as inputs. Symbolic links are
-    resolved; no file is touched. Raises InputError naming both paths."""
-    out_real = Path(os.path.realpath(out_dir))
-    is_glob = not _GLOB_CHARS.isdisjoint(spec)
-    root = Path(os.path.realpath(_input_root(spec, base_dir)))
-    candidates = [(Path(os.path.realpath(p)), f"the input shard {p}") for p in input_paths]
-    if not is_glob:
-        candidates.insert(0, (root, f"the input {root}"))
-    for path, what in candidates:
-        if out_real == path or out_real in path.parents:
-            relation = "is" if out_real == path else "contains"
-        elif not is_glob and root in out_real.parents:
-            relation = "lies inside"
-        else:
-            continue
-        _refuse(out_dir, spec, relation, what)
-    if is_glob and (
-        _glob_reads_folder(spec, base_dir, Path(os.path.normpath(out_dir)))
-        or _glob_reads_folder(spec, base_dir, out_real)
-    ):
-        _refuse(out_dir, spec, "lies inside", "the folders the input glob reads")
-
-
-def _refuse(out_dir: Path, spec: str, relation: str, what: str) -> None:
-    raise InputError(
-        f"output.path {out_dir} {relation} {what} (input.path '{spec}'); output shards "
-        "are named after input shards and --restart deletes them, so the output folder "
-        "must lie outside the input set: choose another output.path"
-    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,7 +67,11 @@ class ShardInfo:
     """What the footer of one input shard says: rows, the id type and the passthrough fields,
     plus the file's identity: its size in bytes and the sha256 of its Parquet footer (the
     footer holds every row group's offsets, sizes and statistics, so an edit in place or
-    another file under the same name changes it)."""
+    another file under the same name changes it).
+
+    `id_type` is the id's value type (a dictionary-encoded or ``string_view`` id reads as
+    ``string``); `partitions` are the Hive values that passthrough columns may name.
+    """
 
     path: Path
     name: str
@@ -180,6 +80,7 @@ class ShardInfo:
     passthrough: pa.Schema
     size: int
     footer_hash: str
+    partitions: tuple[tuple[str, str], ...] = ()
 
     def identity(self) -> InputIdentity:
         """The identity recorded for the shard (manifest and output metadata)."""
@@ -203,13 +104,34 @@ def _footer_identity(path: Path) -> tuple[int, str]:
     return size, hashlib.sha256(footer + tail).hexdigest()
 
 
+def plain_type(t: pa.DataType) -> pa.DataType:
+    """`t` without dictionary encoding, with ``string_view`` as ``string`` (what pandas,
+    Spark and Hugging Face datasets write for the same values)."""
+    if pa.types.is_dictionary(t):
+        t = t.value_type
+    if pa.types.is_string_view(t):
+        return pa.string()
+    return t
+
+
 def _is_string(t: pa.DataType) -> bool:
+    t = plain_type(t)
     return bool(pa.types.is_string(t) or pa.types.is_large_string(t))
+
+
+def _is_list(t: pa.DataType) -> bool:
+    return bool(
+        pa.types.is_list(t)
+        or pa.types.is_large_list(t)
+        or pa.types.is_fixed_size_list(t)
+        or pa.types.is_list_view(t)
+        or pa.types.is_large_list_view(t)
+    )
 
 
 def _messages_problem(t: pa.DataType) -> str | None:
     """Why `t` is not a list of struct<role: string, content: string>, or None if it is."""
-    if not (pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)):
+    if not _is_list(t):
         return "is not a list"
     item = t.value_type
     if not pa.types.is_struct(item):
@@ -233,12 +155,38 @@ def _check_column(path: Path, schema: pa.Schema, role: str, name: str) -> pa.Fie
     return schema.field(idx)
 
 
-def inspect_shard(path: Path, columns: ColumnMap) -> ShardInfo:
+def _check_sampling_fields(
+    path: Path, column: str, t: pa.DataType, allowed: Collection[str]
+) -> None:
+    for idx in range(t.num_fields):
+        name = t.field(idx).name
+        if name not in allowed:
+            close = difflib.get_close_matches(name, list(allowed), n=1)
+            hint = f" (did you mean '{close[0]}'?)" if close else ""
+            raise InputError(
+                f"{path}: column '{column}' (the sampling_params column) has a field '{name}' "
+                f"that is not a sampling parameter{hint}; expected some of: "
+                f"{', '.join(sorted(allowed))}"
+            )
+
+
+def inspect_shard(
+    path: Path,
+    columns: ColumnMap,
+    *,
+    name: str | None = None,
+    partitions: tuple[tuple[str, str], ...] = (),
+    sampling_fields: Collection[str] | None = None,
+) -> ShardInfo:
     """Check one shard's schema against `columns`, reading only the Parquet footer.
 
     Expected types: id an integer or string; prompt a string; messages a list of
-    struct<role: string, content: string> (other struct fields allowed); sampling_params a
-    struct; passthrough anything. Raises InputError naming the file and the column.
+    struct<role: string, content: string> (other struct fields allowed); prompt_token_ids a
+    list of integers; sampling_params a struct, whose fields must all be in `sampling_fields`
+    when given; passthrough anything, or the key of a Hive partition (`partitions`, read as a
+    string column). Strings may be ``large_string``, ``string_view`` or dictionary-encoded.
+    `name` is the output shard name (default: the file name). Raises InputError naming the
+    file and the column.
     """
     try:
         with pq.ParquetFile(path) as parquet_file:
@@ -249,7 +197,8 @@ def inspect_shard(path: Path, columns: ColumnMap) -> ShardInfo:
         raise ShardReadError(f"{path}: not a readable Parquet file ({exc})") from exc
 
     id_field = _check_column(path, schema, "id", columns.id)
-    if not (pa.types.is_integer(id_field.type) or _is_string(id_field.type)):
+    id_type = plain_type(id_field.type)
+    if not (pa.types.is_integer(id_type) or _is_string(id_type)):
         raise InputError(
             f"{path}: column '{columns.id}' (the id column) has type {id_field.type}; "
             "expected an integer or string type"
@@ -270,6 +219,13 @@ def inspect_shard(path: Path, columns: ColumnMap) -> ShardInfo:
                 f"{messages_field.type}, which {problem}; expected a list of "
                 "struct<role: string, content: string>"
             )
+    if columns.prompt_token_ids is not None:
+        ids_field = _check_column(path, schema, "prompt_token_ids", columns.prompt_token_ids)
+        if not (_is_list(ids_field.type) and pa.types.is_integer(ids_field.type.value_type)):
+            raise InputError(
+                f"{path}: column '{columns.prompt_token_ids}' (the prompt_token_ids column) has "
+                f"type {ids_field.type}; expected a list of integers (list<int32> or list<int64>)"
+            )
     if columns.sampling_params is not None:
         sp_field = _check_column(path, schema, "sampling_params", columns.sampling_params)
         if not pa.types.is_struct(sp_field.type):
@@ -277,27 +233,42 @@ def inspect_shard(path: Path, columns: ColumnMap) -> ShardInfo:
                 f"{path}: column '{columns.sampling_params}' (the sampling_params column) has "
                 f"type {sp_field.type}; expected a struct of sampling parameters"
             )
-    passthrough = pa.schema(
-        [_check_column(path, schema, "passthrough", name) for name in columns.passthrough]
-    )
+        if sampling_fields is not None:
+            _check_sampling_fields(path, columns.sampling_params, sp_field.type, sampling_fields)
+    partition_values = dict(partitions)
+    passthrough_fields: list[pa.Field] = []
+    for column in columns.passthrough:
+        if schema.get_field_index(column) < 0 and column in partition_values:
+            passthrough_fields.append(pa.field(column, pa.string()))
+        else:
+            passthrough_fields.append(_check_column(path, schema, "passthrough", column))
     return ShardInfo(
         path=path,
-        name=path.name,
+        name=path.name if name is None else name,
         num_rows=num_rows,
-        id_type=id_field.type,
-        passthrough=passthrough,
+        id_type=id_type,
+        passthrough=pa.schema(passthrough_fields),
         size=size,
         footer_hash=footer_hash,
+        partitions=partitions,
     )
 
 
-def iter_shard_batches(path: Path, columns: ColumnMap, batch_rows: int) -> Iterator[pa.RecordBatch]:
+def iter_shard_batches(
+    path: Path,
+    columns: ColumnMap,
+    batch_rows: int,
+    *,
+    partitions: tuple[tuple[str, str], ...] = (),
+) -> Iterator[pa.RecordBatch]:
     """Yield the shard's rows in file order, `batch_rows` rows per batch (the last may be
     shorter), with only `columns.required_columns`, in that order.
 
-    A plain generator: nothing is opened before the first ``next``; the file closes when the
-    generator is exhausted, closed or garbage-collected. A read failure raises InputError
-    naming the file and the row where it happened.
+    The id column comes as its `plain_type`; a passthrough column the file lacks but
+    `partitions` has is filled with that partition value (string). A plain generator: nothing
+    is opened before the first ``next``; the file closes when the generator is exhausted,
+    closed or garbage-collected. A read failure raises InputError naming the file and the row
+    where it happened.
     """
     if batch_rows < 1:
         raise ValueError(f"batch_rows must be >= 1, got {batch_rows}")
@@ -308,7 +279,10 @@ def iter_shard_batches(path: Path, columns: ColumnMap, batch_rows: int) -> Itera
     except (OSError, pa.ArrowException) as exc:
         raise ShardReadError(f"{path}: not a readable Parquet file ({exc})") from exc
     with parquet_file:
-        batches = parquet_file.iter_batches(batch_size=batch_rows, columns=names, use_threads=False)
+        in_file = set(parquet_file.schema_arrow.names)
+        constants = {k: v for k, v in partitions if k in names and k not in in_file}
+        read = [n for n in names if n not in constants]
+        batches = parquet_file.iter_batches(batch_size=batch_rows, columns=read, use_threads=False)
         while True:
             try:
                 batch = next(batches, None)
@@ -319,4 +293,19 @@ def iter_shard_batches(path: Path, columns: ColumnMap, batch_rows: int) -> Itera
             if batch is None:
                 return
             num_rows_read += batch.num_rows
-            yield batch.select(names)
+            yield _with_plain_id(_with_constants(batch, constants), columns.id).select(names)
+
+
+def _with_constants(batch: pa.RecordBatch, constants: dict[str, str]) -> pa.RecordBatch:
+    for key, value in constants.items():
+        batch = batch.append_column(key, pa.array([value] * batch.num_rows, pa.string()))
+    return batch
+
+
+def _with_plain_id(batch: pa.RecordBatch, id_column: str) -> pa.RecordBatch:
+    idx = batch.schema.get_field_index(id_column)
+    column = batch.column(idx)
+    target = plain_type(column.type)
+    if target == column.type:
+        return batch
+    return batch.set_column(idx, id_column, column.cast(target))

@@ -71,12 +71,16 @@ def _check_name(role: str, value: object) -> None:
 
 @dataclass(frozen=True, slots=True)
 class ColumnMap:
-    """Names of the input columns by role; exactly one of `prompt` and `messages` is set.
+    """Names of the input columns by role.
 
-    `prompt` holds plain text; `messages` holds a chat (a list of ``{role, content}``).
-    `sampling_params`, when set, is a struct column of per-row overrides. `passthrough`
-    columns are copied to the output unchanged, in this order.
-    Raises ValueError on an empty name, both or neither of prompt/messages, a repeated
+    `prompt` holds plain text; `messages` holds a chat (a list of ``{role, content}``);
+    `prompt_token_ids` holds prompts already tokenized (a list of integers). Exactly one of the
+    three is set, except when `row_error` is set: that struct<code, message> column comes from
+    readers of non-tabular inputs (OpenAI batch JSONL), which may set both `prompt` and
+    `messages`, each row using the one that is not null; a row whose `row_error` is not null
+    becomes an error row. `sampling_params`, when set, is a struct column of per-row overrides.
+    `passthrough` columns are copied to the output unchanged, in this order.
+    Raises ValueError on an empty name, a wrong number of prompt roles, a repeated
     passthrough name or a passthrough name that an output column already uses.
     """
 
@@ -85,20 +89,24 @@ class ColumnMap:
     messages: str | None = None
     sampling_params: str | None = None
     passthrough: tuple[str, ...] = ()
+    prompt_token_ids: str | None = None
+    row_error: str | None = None
 
     def __post_init__(self) -> None:
         _check_name("columns.id", self.id)
-        if (self.prompt is None) == (self.messages is None):
+        roles = [r for r in (self.prompt, self.messages, self.prompt_token_ids) if r is not None]
+        if self.row_error is None and len(roles) != 1:
             raise ValueError(
-                "columns: set exactly one of 'prompt' and 'messages', "
-                f"got prompt={self.prompt!r}, messages={self.messages!r}"
+                "columns: set exactly one of 'prompt' and 'messages' (or 'prompt_token_ids' "
+                f"alone), got prompt={self.prompt!r}, messages={self.messages!r}, "
+                f"prompt_token_ids={self.prompt_token_ids!r}"
             )
-        if self.prompt is not None:
-            _check_name("columns.prompt", self.prompt)
-        if self.messages is not None:
-            _check_name("columns.messages", self.messages)
-        if self.sampling_params is not None:
-            _check_name("columns.sampling_params", self.sampling_params)
+        if not roles:
+            raise ValueError("columns: set at least one of 'prompt' and 'messages'")
+        for role in ("prompt", "messages", "prompt_token_ids", "sampling_params", "row_error"):
+            value = getattr(self, role)
+            if value is not None:
+                _check_name(f"columns.{role}", value)
         if not isinstance(self.passthrough, tuple):
             raise ValueError(
                 f"columns.passthrough: expected a tuple of column names, got {self.passthrough!r}"
@@ -109,17 +117,21 @@ class ColumnMap:
 
     @property
     def text_column(self) -> str:
-        """The prompt column, or the messages column for chats."""
-        name = self.prompt if self.prompt is not None else self.messages
-        assert name is not None  # __post_init__ guarantees one of them
-        return name
+        """The prompt column, else the messages column (chats), else the token-id column."""
+        for name in (self.prompt, self.messages, self.prompt_token_ids):
+            if name is not None:
+                return name
+        raise AssertionError("__post_init__ guarantees a prompt role")
 
     @property
     def required_columns(self) -> tuple[str, ...]:
-        """The input columns to read: id, prompt or messages, sampling_params, passthrough."""
-        names = [self.id, self.text_column]
-        if self.sampling_params is not None:
-            names.append(self.sampling_params)
+        """The input columns to read: id, the prompt roles, sampling_params, row_error,
+        passthrough."""
+        names = [self.id]
+        names += [n for n in (self.prompt, self.messages, self.prompt_token_ids) if n is not None]
+        for name in (self.sampling_params, self.row_error):
+            if name is not None:
+                names.append(name)
         names.extend(self.passthrough)
         return tuple(dict.fromkeys(names))
 
@@ -160,6 +172,9 @@ class OutputRow:
     seed: int
     output_token_ids: tuple[int, ...] | None = None
     logprobs: tuple[float, ...] | None = None
+    # Per generated token, the top (token id, log-probability) pairs, best first, when the
+    # request asked for top log-probabilities; for response lines only, not a Parquet column.
+    top_logprobs: tuple[tuple[tuple[int, float], ...], ...] | None = None
 
     def __post_init__(self) -> None:
         if self.finish_reason not in FINISH_REASONS:

@@ -1,4 +1,5 @@
-"""Command line: `batchgen run job.yaml`, `report`, `bench`, `gpu-check`, `prepare-sharegpt`.
+"""Command line: `batchgen run job.yaml`, `run-batch`, `report`, `bench`, `gpu-check`,
+`prepare-sharegpt`.
 
 The CLI is the only place that reads environment variables and sets process-wide torch options.
 """
@@ -145,6 +146,63 @@ def _report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run_batch(args: argparse.Namespace) -> int:
+    import dataclasses
+
+    from batchgen.io import InputError
+    from batchgen.job.config import JobConfigError
+    from batchgen.job.config_file import job_config_with_overrides
+
+    output = Path(args.output).expanduser().resolve()
+    engine = {
+        key: value
+        for key, value in (
+            ("max_num_seqs", args.max_num_seqs),
+            ("max_num_batched_tokens", args.max_num_batched_tokens),
+            ("max_model_len", args.max_model_len),
+            ("dtype", args.dtype),
+            ("device", args.device),
+        )
+        if value is not None
+    }
+    data = {
+        "model": args.model,
+        "input": {"path": str(Path(args.input).expanduser().resolve()), "format": "openai_jsonl"},
+        "output": {"path": str(output.parent), "format": "openai_jsonl"},
+        "sampling": {"max_tokens": args.max_tokens},
+        "engine": engine,
+        "seed": args.seed,
+        "max_error_rate": 1.0,  # a bad request line is an error line, never a dead batch
+    }
+    try:
+        config = job_config_with_overrides(data, args.set or [], source=Path("run-batch"), base_dir=Path.cwd())
+        config = dataclasses.replace(config, io=dataclasses.replace(config.io, output_name=output.name))
+    except JobConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except ValueError as exc:
+        print(f"error: run-batch: -o: {exc}", file=sys.stderr)
+        return 2
+    import torch
+
+    from batchgen.job.run import ConfigChangedError, run_job
+    from batchgen.job.stages import JobError
+
+    threads = args.threads or int(os.environ.get("BATCHGEN_THREADS", "0"))
+    if threads:
+        torch.set_num_threads(threads)
+    try:
+        summary = run_job(config, restart=args.restart, use_tqdm=not args.quiet)
+    except (InputError, ConfigChangedError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except JobError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(summary.table())
+    return 0
+
+
 def _prepare_sharegpt(args: argparse.Namespace) -> int:
     from batchgen.data.sharegpt import write_sharegpt_shards
 
@@ -175,6 +233,28 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--threads", type=int, default=None, help="torch threads (default: BATCHGEN_THREADS or torch's choice)")
     run.add_argument("--quiet", action="store_true", help="no progress bar")
     run.set_defaults(func=_run)
+    batch = sub.add_parser(
+        "run-batch",
+        help="an OpenAI Batch API request file in, its response file out (resumable, like run)",
+    )
+    batch.add_argument("-i", "--input", required=True, help="request file (JSONL: custom_id, method, url, body)")
+    batch.add_argument(
+        "-o", "--output", required=True,
+        help="response file (JSONL); manifest.json and summary.json go next to it",
+    )
+    batch.add_argument("--model", default=None, help="HF folder or .gguf (default: built-in SmolLM2-135M)")
+    batch.add_argument("--max-tokens", type=int, default=16, help="for requests without max_tokens")
+    batch.add_argument("--seed", type=int, default=0, help="job seed (requests without a seed derive theirs from it)")
+    batch.add_argument("--max-num-seqs", type=int, default=None)
+    batch.add_argument("--max-num-batched-tokens", type=int, default=None)
+    batch.add_argument("--max-model-len", type=int, default=None)
+    batch.add_argument("--dtype", default=None, choices=["float32", "float16", "bfloat16"])
+    batch.add_argument("--device", default=None)
+    batch.add_argument("--set", action="append", metavar="KEY=VALUE", help="any job key, e.g. engine.block_size=32")
+    batch.add_argument("--restart", action="store_true", help="discard outputs of a different configuration and start over")
+    batch.add_argument("--threads", type=int, default=None, help="torch threads (default: BATCHGEN_THREADS or torch's choice)")
+    batch.add_argument("--quiet", action="store_true", help="no progress bar")
+    batch.set_defaults(func=_run_batch)
     report = sub.add_parser("report", help="write OUT_DIR/report.html: plots of the job's timeline, shards, errors, config")
     report.add_argument("out_dir", help="a job's output folder (holds summary.json, manifest.json, timeline.parquet)")
     report.add_argument(

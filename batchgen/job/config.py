@@ -8,16 +8,21 @@ Layout (every key but ``input.path`` and ``output.path`` is optional; defaults s
 
     model: null                 # path/to/hf_folder, path/to/model.gguf, or null: the built-in model
     input:
-      path: data/prompts        # a folder (its *.parquet files) or a glob, relative to this file
+      path: data/prompts        # a folder (its *.parquet files at any depth: Hive `key=value/`
+                                #   partitions and nested folders) or a glob, relative to this file
+      format: parquet           # parquet | openai_jsonl (an OpenAI Batch API request file; then
+                                #   no `columns`: the file fixes them)
       columns:                  # input column names by role
         id: id                  # integer or string
         prompt: prompt          # plain text; or instead `messages: conversation` (a chat:
-                                #   a list of {role, content})
+                                #   a list of {role, content}), or `prompt_token_ids: ids`
+                                #   (a list<int32|int64> of token ids)
         sampling_params: null   # a struct column of per-row SamplingParams overrides
-        passthrough: []         # columns copied to the output unchanged
+        passthrough: []         # columns copied to the output unchanged (or Hive partition keys)
       batch_rows: 1024          # rows read per Arrow batch
     output:
       path: out/                # folder of output shards and manifest.json
+      format: parquet           # parquet | openai_jsonl (response lines; needs that input format)
       include_token_ids: false
       include_logprobs: false
     sampling: {max_tokens: 16, temperature: 1.0}   # any SamplingParams field
@@ -82,6 +87,7 @@ from batchgen.io import ColumnMap, resolve_path
 
 __all__ = [
     "Executor",
+    "Format",
     "IoConfig",
     "JobConfig",
     "JobConfigError",
@@ -95,6 +101,7 @@ PromptTooLong = Literal["error", "truncate_left", "truncate_right"]
 Order = Literal["prefix", "input"]
 OnBadShard = Literal["fail", "skip"]
 Executor = Literal["local", "ray"]
+Format = Literal["parquet", "openai_jsonl"]
 
 _MAX_SEED = 2**63 - 1
 
@@ -128,9 +135,23 @@ class IoConfig:
     batch_rows: int = 1024
     include_token_ids: bool = False
     include_logprobs: bool = False
+    input_format: Format = "parquet"
+    output_format: Format = "parquet"
+    # The output file name of a single input shard (`batchgen run-batch -o`); None: the
+    # input's name. Not a job-file key.
+    output_name: str | None = None
 
     def __post_init__(self) -> None:
         _expect_text("input.path", self.input, "a folder or glob of Parquet files")
+        _expect_choice("input.format", self.input_format, get_args(Format))
+        _expect_choice("output.format", self.output_format, get_args(Format))
+        if self.output_format == "openai_jsonl" and self.input_format != "openai_jsonl":
+            raise ValueError(
+                "output.format: openai_jsonl needs input.format: openai_jsonl (a response "
+                "line answers a request line)"
+            )
+        if self.output_name is not None:
+            _expect_text("output name", self.output_name, "a file name")
         if not isinstance(self.columns, ColumnMap):
             raise ValueError(f"input.columns: expected a ColumnMap, got {self.columns!r}")
         _expect_text("output.path", self.output, "a folder")
@@ -224,11 +245,11 @@ class JobConfig:
     def fingerprint_fields(self) -> dict[str, Any]:
         """The JSON-able settings that change output rows (stored in the manifest; a resumed
         job must match them): columns, all sampling fields, seed, prompt_too_long, runner dtype
-        and max_model_len, the optional output columns. The model is fingerprinted by its
-        contents (`Checkpoint.fingerprint`), not by the path written here, so a copied model
-        folder resumes."""
+        and max_model_len, the optional output columns, and the input/output formats when not
+        Parquet. The model is fingerprinted by its contents (`Checkpoint.fingerprint`), not by
+        the path written here, so a copied model folder resumes."""
         columns = self.io.columns
-        return {
+        result: dict[str, Any] = {
             "columns": {
                 "id": columns.id,
                 "prompt": columns.prompt,
@@ -245,6 +266,12 @@ class JobConfig:
                 "include_logprobs": self.io.include_logprobs,
             },
         }
+        # Added only when used, so the fingerprints of existing Parquet jobs stay as they were.
+        if columns.prompt_token_ids is not None:
+            result["columns"]["prompt_token_ids"] = columns.prompt_token_ids
+        if (self.io.input_format, self.io.output_format) != ("parquet", "parquet"):
+            result["format"] = {"input": self.io.input_format, "output": self.io.output_format}
+        return result
 
 
 def _sampling_fingerprint(params: SamplingParams) -> dict[str, Any]:

@@ -22,9 +22,10 @@ from batchgen._checks import check_int
 from batchgen.engine.config import ENGINE_OPTION_OWNERS, EngineConfigs, engine_configs
 from batchgen.engine.sampling_params import SamplingParams
 from batchgen.io import ColumnMap
+from batchgen.io.openai_batch import OPENAI_COLUMNS
 from batchgen.job.config import IoConfig, JobConfig, JobConfigError, RayConfig
 
-__all__ = ["job_config_from_dict", "load_job_config"]
+__all__ = ["job_config_from_dict", "job_config_with_overrides", "load_job_config"]
 
 _DEVICE_PATTERN = re.compile(r"^(cpu|cuda(:[0-9]+)?)$")
 
@@ -46,9 +47,9 @@ _TOP_KEYS = (
     "report",
     "timeline_rows",
 )
-_INPUT_KEYS = ("path", "columns", "batch_rows")
-_COLUMN_KEYS = ("id", "prompt", "messages", "sampling_params", "passthrough")
-_OUTPUT_KEYS = ("path", "include_token_ids", "include_logprobs")
+_INPUT_KEYS = ("path", "format", "columns", "batch_rows")
+_COLUMN_KEYS = ("id", "prompt", "messages", "prompt_token_ids", "sampling_params", "passthrough")
+_OUTPUT_KEYS = ("path", "format", "include_token_ids", "include_logprobs")
 _SAMPLING_KEYS = tuple(f.name for f in fields(SamplingParams))
 _RAY_KEYS = tuple(f.name for f in fields(RayConfig))
 _SECTION_KEYS: dict[str, tuple[str, ...]] = {
@@ -111,7 +112,15 @@ def _rekey(exc: ValueError, section: str) -> str:
 
 def _columns(data: Mapping[str, Any]) -> ColumnMap:
     values = _section(data, "input", "columns", required=False)
+    if data.get("format") == "openai_jsonl":
+        if values:
+            raise ValueError(
+                "input.columns: not used with input.format openai_jsonl (the request file "
+                "fixes the columns: custom_id, url, body)"
+            )
+        return OPENAI_COLUMNS
     messages = values.get("messages")
+    token_ids = values.get("prompt_token_ids")
     passthrough = values.get("passthrough", [])
     if passthrough is None:
         passthrough = []
@@ -122,8 +131,11 @@ def _columns(data: Mapping[str, Any]) -> ColumnMap:
     try:
         return ColumnMap(
             id=values.get("id", "id"),
-            prompt=values.get("prompt", None if messages is not None else "prompt"),
+            prompt=values.get(
+                "prompt", None if messages is not None or token_ids is not None else "prompt"
+            ),
             messages=messages,
+            prompt_token_ids=token_ids,
             sampling_params=values.get("sampling_params"),
             passthrough=tuple(passthrough),
         )
@@ -139,6 +151,10 @@ def _io(data: Mapping[str, Any]) -> IoConfig:
             raise ValueError(f"missing required key '{section}.path'")
     optional = {k: inputs[k] for k in ("batch_rows",) if k in inputs}
     optional |= {k: outputs[k] for k in ("include_token_ids", "include_logprobs") if k in outputs}
+    if "format" in inputs:
+        optional["input_format"] = inputs["format"]
+    if "format" in outputs:
+        optional["output_format"] = outputs["format"]
     return IoConfig(
         input=inputs["path"], columns=_columns(inputs), output=outputs["path"], **optional
     )
@@ -272,6 +288,20 @@ def _apply_override(data: dict[str, Any], override: str) -> None:
             )
         node = child
     node[parts[-1]] = value
+
+
+def job_config_with_overrides(
+    data: Mapping[str, Any], overrides: Sequence[str], *, source: Path, base_dir: Path
+) -> JobConfig:
+    """`job_config_from_dict` of `data` after the ``key.sub=value`` `overrides` (a job built
+    by a command such as ``run-batch``). Raises JobConfigError naming `source` and the key."""
+    try:
+        values: dict[str, Any] = copy.deepcopy(dict(data))
+        for override in overrides:
+            _apply_override(values, override)
+    except ValueError as exc:
+        raise JobConfigError(f"{source}: {exc}") from exc
+    return job_config_from_dict(values, source=source, base_dir=base_dir)
 
 
 def load_job_config(path: Path, overrides: Sequence[str] = ()) -> JobConfig:

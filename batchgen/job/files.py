@@ -35,7 +35,9 @@ __all__ = ["FileSink", "FileSource", "reconcile_shard"]
 
 
 class FileSource:
-    """Reads a job's input shards (the configured columns, `input.batch_rows` at a time)."""
+    """Reads a job's input shards (the configured columns, `input.batch_rows` at a time); a
+    passthrough column named after a Hive partition key the file lacks gets the shard's
+    partition value (`ShardMeta.partitions`)."""
 
     def __init__(self, config: JobConfig) -> None:
         self._columns = config.io.columns
@@ -43,7 +45,7 @@ class FileSource:
 
     def iter_batches(self, shard: ShardMeta) -> Iterator[pa.RecordBatch]:
         batches: Iterator[pa.RecordBatch] = iter_shard_batches(
-            Path(shard.input_path), self._columns, self._batch_rows
+            Path(shard.input_path), self._columns, self._batch_rows, partitions=shard.partitions
         )
         return batches
 

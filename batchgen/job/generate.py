@@ -1,13 +1,14 @@
-"""`batchgen.generate(table, ...)`: the job pipeline over an in-memory Arrow table (or polars).
+"""`batchgen.generate(table, ...)`: the job pipeline over an in-memory Arrow table (or polars, or pandas).
 
 The table goes through the same prepare / order / engine / write stages as `batchgen run`, as one
 shard; the result is the input table with the output columns appended, rows in input order
-(`n` > 1 repeats each row once per sample). polars is imported only when a polars frame comes in.
+(`n` > 1 repeats each row once per sample). polars is imported only when a polars frame comes in; a pandas frame comes back as pandas.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import fields
 from datetime import datetime
 from typing import Any
 
@@ -17,7 +18,7 @@ import pyarrow.compute as pc
 from batchgen.engine.config import engine_configs
 from batchgen.engine.llm_engine import LLMEngine
 from batchgen.engine.sampling_params import SamplingParams
-from batchgen.io import ColumnMap, OutputRow, output_schema, rows_to_batch
+from batchgen.io import ColumnMap, OutputRow, output_schema, plain_type, rows_to_batch
 from batchgen.job.pipeline import run_pipeline_sync
 from batchgen.job.prepare import RowPreparer
 from batchgen.job.stages import PipelineOptions, ShardMeta, ShardStats
@@ -66,6 +67,7 @@ class TableGenerator:
         sampling: SamplingParams | Mapping[str, Any] | None = None,
         prompt_column: str = "prompt",
         messages_column: str | None = None,
+        prompt_token_ids_column: str | None = None,
         sampling_params_column: str | None = None,
         id_column: str | None = None,
         seed: int = 0,
@@ -84,8 +86,10 @@ class TableGenerator:
         if prompt_too_long not in ("error", "truncate_left", "truncate_right"):
             raise ValueError(f"prompt_too_long must be error, truncate_left or truncate_right, got {prompt_too_long!r}")
         self._params = sampling if isinstance(sampling, SamplingParams) else SamplingParams.from_mapping(sampling or {})
-        self._prompt_column = None if messages_column is not None else prompt_column
+        uses_prompt = messages_column is None and prompt_token_ids_column is None
+        self._prompt_column = prompt_column if uses_prompt else None
         self._messages_column = messages_column
+        self._prompt_token_ids_column = prompt_token_ids_column
         self._sampling_params_column = sampling_params_column
         self._id_column = id_column
         self._include_token_ids = include_token_ids
@@ -105,6 +109,7 @@ class TableGenerator:
                 id=id_column or _ROW_ID,
                 prompt=self._prompt_column,
                 messages=messages_column,
+                prompt_token_ids=prompt_token_ids_column,
                 sampling_params=sampling_params_column,
             ),
             batch_rows=1024,
@@ -118,26 +123,45 @@ class TableGenerator:
         )
 
     def __call__(self, table: Any) -> Any:
-        """Generate for every row of `table` (a pyarrow.Table or polars.DataFrame); see
-        `generate`."""
-        is_polars = type(table).__module__.split(".")[0] == "polars"
-        arrow: pa.Table = table.to_arrow() if is_polars else table
+        """Generate for every row of `table` (a pyarrow.Table, polars.DataFrame or
+        pandas.DataFrame); see `generate`."""
+        kind = type(table).__module__.split(".")[0]
+        if kind == "polars":
+            arrow: pa.Table = table.to_arrow()
+        elif kind == "pandas" and type(table).__name__ == "DataFrame":
+            arrow = pa.Table.from_pandas(table, preserve_index=False)
+        else:
+            arrow = table
         if not isinstance(arrow, pa.Table):
-            raise TypeError(f"generate() takes a pyarrow.Table or a polars.DataFrame, got {type(table).__name__}")
-        needed = [c for c in (self._prompt_column, self._messages_column, self._sampling_params_column) if c]
+            raise TypeError(
+                "generate() takes a pyarrow.Table, a polars.DataFrame or a pandas.DataFrame, "
+                f"got {type(table).__name__}"
+            )
+        needed = [
+            c
+            for c in (
+                self._prompt_column,
+                self._messages_column,
+                self._prompt_token_ids_column,
+                self._sampling_params_column,
+            )
+            if c
+        ]
         missing = [c for c in [*needed, self._id_column] if c and c not in arrow.column_names]
         if missing:
             raise ValueError(f"the table has no column {missing[0]!r}; its columns: {', '.join(arrow.column_names)}")
+        if self._sampling_params_column is not None:
+            _check_sampling_struct(arrow.schema.field(self._sampling_params_column), self._sampling_params_column)
         if self._id_column is None:
             # Rows are keyed by position; the input columns are put back from the input table at
             # the end, so none of them needs to travel through the pipeline.
             id_type = pa.int64()
             work = pa.table({_ROW_ID: pa.array(range(arrow.num_rows), pa.int64())})
         else:
-            id_type = arrow.schema.field(self._id_column).type
+            id_type = plain_type(arrow.schema.field(self._id_column).type)
             if not (pa.types.is_integer(id_type) or pa.types.is_string(id_type) or pa.types.is_large_string(id_type)):
                 raise ValueError(f"id column {self._id_column!r}: expected integers or strings, got {id_type}")
-            work = pa.table({self._id_column: arrow.column(self._id_column)})
+            work = pa.table({self._id_column: arrow.column(self._id_column).cast(id_type)})
         for name in needed:
             work = work.append_column(name, arrow.column(name))
         passthrough_schema = pa.schema([])
@@ -151,10 +175,12 @@ class TableGenerator:
         run_pipeline_sync(self._engine, self._preparer, _TableSource(work, 1024), sink, [shard], self._options)
         out = pa.Table.from_batches(sink.batches, schema=schema)
         result = _assemble(arrow, out, by_position=self._id_column is None)
-        if is_polars:
+        if kind == "polars":
             import polars as pl
 
             return pl.from_arrow(result)
+        if kind == "pandas":
+            return result.to_pandas()
         return result
 
 
@@ -165,6 +191,7 @@ def generate(
     sampling: SamplingParams | Mapping[str, Any] | None = None,
     prompt_column: str = "prompt",
     messages_column: str | None = None,
+    prompt_token_ids_column: str | None = None,
     sampling_params_column: str | None = None,
     id_column: str | None = None,
     seed: int = 0,
@@ -177,7 +204,10 @@ def generate(
     use_tqdm: bool = True,
     **engine_options: Any,
 ) -> Any:
-    """Generate for every row of `table` (a pyarrow.Table or polars.DataFrame).
+    """Generate for every row of `table` (a pyarrow.Table, polars.DataFrame or
+    pandas.DataFrame, converted by pyarrow; its index is not kept). The prompt is
+    `prompt_column` (text), `messages_column` (chats) or `prompt_token_ids_column` (lists of
+    token ids).
 
     Returns the same kind of table: the input columns, then `sample_index`, `output`,
     `finish_reason`, `stop_reason`, `usage`, `error`, `seed` (and `output_token_ids`,
@@ -191,6 +221,7 @@ def generate(
         sampling=sampling,
         prompt_column=prompt_column,
         messages_column=messages_column,
+        prompt_token_ids_column=prompt_token_ids_column,
         sampling_params_column=sampling_params_column,
         id_column=id_column,
         seed=seed,
@@ -204,6 +235,21 @@ def generate(
         **engine_options,
     )
     return generator(table)
+
+
+def _check_sampling_struct(field: pa.Field, name: str) -> None:
+    """Raises ValueError when the per-row sampling column is not a struct of SamplingParams
+    fields (checked before any work, as `batchgen run` checks a shard's footer)."""
+    if not pa.types.is_struct(field.type):
+        raise ValueError(f"column {name!r} (sampling_params) has type {field.type}; expected a struct")
+    known = {f.name for f in fields(SamplingParams)}
+    for idx in range(field.type.num_fields):
+        sub = field.type.field(idx).name
+        if sub not in known:
+            raise ValueError(
+                f"column {name!r} (sampling_params) has a field {sub!r} that is not a sampling "
+                f"parameter; expected some of: {', '.join(sorted(known))}"
+            )
 
 
 def _assemble(arrow: pa.Table, out: pa.Table, *, by_position: bool) -> pa.Table:

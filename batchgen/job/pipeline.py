@@ -76,8 +76,12 @@ def _success_outputs(row: PreparedRow, out: RequestOutput, options: PipelineOpti
     rows = []
     for c in out.outputs:
         logprobs = None
+        top: tuple[tuple[tuple[int, float], ...], ...] | None = None
         if options.include_logprobs and c.logprobs is not None:
             logprobs = tuple(entry[t] for t, entry in zip(c.token_ids, c.logprobs, strict=True))
+            k = row.params.logprobs if row.params is not None else None
+            if k:
+                top = tuple(tuple(sorted(e.items(), key=lambda kv: -kv[1])[:k]) for e in c.logprobs)
         rows.append(
             OutputRow(
                 id=row.id,
@@ -94,6 +98,7 @@ def _success_outputs(row: PreparedRow, out: RequestOutput, options: PipelineOpti
                 seed=c.seed,
                 output_token_ids=c.token_ids if options.include_token_ids else None,
                 logprobs=logprobs,
+                top_logprobs=top,
             )
         )
     return rows
@@ -178,27 +183,52 @@ async def _read_shard(source: Source, shard: ShardMeta, send: ObjectSendStream[_
         )
 
 
-def _column(batch: pa.RecordBatch, name: str | None) -> list[Any] | None:
+def _column(batch: pa.RecordBatch, name: str | None, problems: list[RowError | None]) -> list[Any] | None:
+    """The column's values; a value that cannot be read (pyarrow does not validate UTF-8 on
+    read) is None, with a row error in `problems` at its position."""
     if name is None:
         return None
-    values: list[Any] = batch.column(batch.schema.get_field_index(name)).to_pylist()
+    array = batch.column(batch.schema.get_field_index(name))
+    try:
+        values: list[Any] = array.to_pylist()
+    except UnicodeDecodeError:
+        values = []
+        for i in range(len(array)):
+            try:
+                values.append(array[i].as_py())
+            except UnicodeDecodeError as exc:
+                values.append(None)
+                if problems[i] is None:
+                    problems[i] = RowError("invalid_utf8", f"column '{name}' is not valid UTF-8 ({exc.reason})")
     return values
+
+
+def _row_errors(batch: pa.RecordBatch, name: str | None, problems: list[RowError | None]) -> None:
+    """Fold a reader's struct<code, message> error column into `problems`."""
+    values = _column(batch, name, problems)
+    for i, value in enumerate(values or ()):
+        if value is not None and problems[i] is None:
+            problems[i] = RowError(str(value.get("code") or "invalid_request"), str(value.get("message") or ""))
 
 
 def _prepare_batch(preparer: RowPreparer, options: PipelineOptions, item: _Batch) -> list[PreparedRow]:
     cols = options.columns
     batch = item.batch
-    ids = _column(batch, cols.id) or []
-    passthrough_cols = [_column(batch, name) or [] for name in cols.passthrough]
+    problems: list[RowError | None] = [None] * batch.num_rows
+    _row_errors(batch, cols.row_error, problems)
+    ids = _column(batch, cols.id, problems) or []
+    passthrough_cols = [_column(batch, name, problems) or [] for name in cols.passthrough]
     passthrough = [tuple(col[i] for col in passthrough_cols) for i in range(batch.num_rows)]
     return preparer.prepare(
         item.shard.index,
         item.first_row_idx,
         ids,
-        _column(batch, cols.prompt),
-        _column(batch, cols.messages),
-        _column(batch, cols.sampling_params),
+        _column(batch, cols.prompt, problems),
+        _column(batch, cols.messages, problems),
+        _column(batch, cols.sampling_params, problems),
         passthrough,
+        token_ids=_column(batch, cols.prompt_token_ids, problems),
+        row_errors=problems,
     )
 
 

@@ -1,7 +1,8 @@
 """Prepare stage: input rows -> tokenized requests or per-row errors.
 
-A row never kills the job: a null, empty or non-string prompt, malformed messages, a chat
-template failure, invalid per-row sampling parameters, a duplicate id or a prompt too long for the
+A row never kills the job: a null, empty or non-string prompt, malformed messages, token ids
+outside the vocabulary, a chat template failure, a problem the reader found (invalid UTF-8, a
+malformed JSONL line), invalid per-row sampling parameters, a duplicate id or a prompt too long for the
 context become a `PreparedRow` with an `error` (code and message), and the job goes on.
 Pure over Python values and a tokenizer; no torch, no Parquet.
 
@@ -23,6 +24,7 @@ another shard of the run is kept (it is a valid row) and counted in
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -96,8 +98,11 @@ class RowPreparer:
         prompt_too_long: LengthPolicy,
         job_seed: int,
         now: datetime,
+        vocab_size: int | None = None,
     ) -> None:
+        """`vocab_size` bounds token-id prompts (default: the tokenizer's vocabulary)."""
         self._tokenizer = tokenizer
+        self._vocab_size = tokenizer.vocab_size if vocab_size is None else vocab_size
         self._sampling = sampling
         self._max_model_len = max_model_len
         self._policy = prompt_too_long
@@ -124,32 +129,53 @@ class RowPreparer:
         messages: Sequence[Any] | None,
         sampling: Sequence[Any] | None,
         passthrough: Sequence[tuple[Any, ...]],
+        *,
+        token_ids: Sequence[Any] | None = None,
+        row_errors: Sequence[RowError | None] | None = None,
     ) -> list[PreparedRow]:
-        """Prepare a batch of rows (column values as Python lists, all the same length)."""
+        """Prepare a batch of rows (column values as Python lists, all the same length).
+
+        Each row uses `messages` (a chat), else `token_ids` (already tokenized), else
+        `prompts`; when both `messages` and `prompts` are given (OpenAI batch files mix chat
+        and completion requests), a row with null messages uses its prompt. A row with a
+        `row_errors` entry (found by the reader: bad JSON, invalid UTF-8, ...) is an error row.
+        """
         seen = self._seen_ids.setdefault(shard, set())
         rows: list[PreparedRow] = []
         texts: list[str] = []
+        chats: list[bool] = []
         pending: list[tuple[int, SamplingParams]] = []  # (position in batch, params) of texts
         for i, raw_id in enumerate(ids):
             row_idx = first_row_idx + i
             row_id, error = self._check_id(raw_id, seen)
+            if row_errors is not None and row_errors[i] is not None:
+                error = row_errors[i]
             params, params_error = self._params(sampling[i] if sampling is not None else None)
             error = error or params_error
             effective = params or self._sampling
             key = "" if row_id is None else row_id
             seed = effective.seed if effective.seed is not None else row_seed(self._job_seed, key)
             text: str | None = None
-            if error is None:
-                text, error = (
-                    self._render(messages[i]) if messages is not None else self._prompt(prompts[i] if prompts else None)
-                )
+            prompt_ids: tuple[int, ...] | None = None
+            is_chat = messages is not None and (prompts is None or messages[i] is not None)
+            if error is None and params is not None:
+                if is_chat:
+                    assert messages is not None
+                    text, error = self._render(messages[i])
+                elif token_ids is not None:
+                    ids_, error = self._token_ids(token_ids[i])
+                    if error is None:
+                        ids_, error = self._apply_length_policy(ids_, params)
+                        prompt_ids = tuple(ids_) if error is None else None
+                else:
+                    text, error = self._prompt(prompts[i] if prompts else None)
             rows.append(
                 PreparedRow(
                     shard=shard,
                     row_idx=row_idx,
                     id=row_id,
                     passthrough=passthrough[i],
-                    token_ids=None,
+                    token_ids=prompt_ids,
                     params=params,
                     seed=seed,
                     num_samples=effective.n,
@@ -158,15 +184,23 @@ class RowPreparer:
             )
             if error is None and text is not None and params is not None:
                 texts.append(text)
+                chats.append(is_chat)
                 pending.append((i, params))
-        if texts:
-            chat = messages is not None
-            encoded = self._tokenizer.encode_batch(texts, add_special_tokens=not chat)
-            for (i, params), token_ids in zip(pending, encoded, strict=True):
+        # Chat prompts carry their special tokens in the template; plain prompts get the
+        # tokenizer's (BOS); each kind is encoded in one call.
+        for chat in (False, True):
+            group = [k for k, c in enumerate(chats) if c == chat]
+            if not group:
+                continue
+            encoded = self._tokenizer.encode_batch(
+                [texts[k] for k in group], add_special_tokens=not chat
+            )
+            for k, encoded_ids in zip(group, encoded, strict=True):
+                i, params = pending[k]
                 if chat and messages is not None:
-                    ids_, error = self._chat_length_policy(list(token_ids), list(messages[i]), params)
+                    ids_, error = self._chat_length_policy(list(encoded_ids), list(messages[i]), params)
                 else:
-                    ids_, error = self._apply_length_policy(list(token_ids), params)
+                    ids_, error = self._apply_length_policy(list(encoded_ids), params)
                 row = rows[i]
                 rows[i] = PreparedRow(
                     shard=row.shard,
@@ -205,7 +239,7 @@ class RowPreparer:
             return self._sampling, None
         if not isinstance(value, Mapping):
             return None, RowError("invalid_sampling_params", f"expected a struct, got {type(value).__name__}")
-        changes = {k: v for k, v in value.items() if v is not None}
+        changes = {k: _plain_value(k, v) for k, v in value.items() if not _is_missing(v)}
         if not changes:
             return self._sampling, None
         try:
@@ -213,6 +247,20 @@ class RowPreparer:
             return SamplingParams.from_mapping(merged), None
         except (ValueError, TypeError) as exc:
             return None, RowError("invalid_sampling_params", str(exc))
+
+    def _token_ids(self, value: Any) -> tuple[list[int], RowError | None]:
+        if value is None:
+            return [], RowError("invalid_prompt", "the prompt token ids are null")
+        if not isinstance(value, list | tuple) or not value:
+            return [], RowError("invalid_prompt", "the prompt token ids are empty")
+        vocab_size = self._vocab_size
+        for token in value:
+            if not isinstance(token, int) or isinstance(token, bool) or not 0 <= token < vocab_size:
+                return [], RowError(
+                    "invalid_prompt",
+                    f"prompt token id {token!r} is outside the vocabulary [0, {vocab_size})",
+                )
+        return list(value), None
 
     @staticmethod
     def _prompt(value: Any) -> tuple[str | None, RowError | None]:
@@ -317,6 +365,25 @@ class RowPreparer:
             f"the chat has {len(token_ids)} tokens; {self._policy} drops whole messages but "
             f"even one message with the system prompt exceeds max_model_len - max_tokens = {keep}",
         )
+
+
+# SamplingParams fields that hold integers: pandas writes them as floats when a column has
+# missing values (1.0, NaN), so a whole-number float counts as the integer.
+_INT_FIELDS = frozenset({"n", "max_tokens", "top_k", "seed", "logprobs"})
+
+
+def _is_missing(value: Any) -> bool:
+    return value is None or (isinstance(value, float) and math.isnan(value))
+
+
+def _plain_value(name: str, value: Any) -> Any:
+    if name in _INT_FIELDS and isinstance(value, float) and value.is_integer():
+        return int(value)
+    if name == "stop_token_ids" and isinstance(value, list | tuple):
+        return tuple(int(v) if isinstance(v, float) and v.is_integer() else v for v in value)
+    if name == "stop" and isinstance(value, list):
+        return tuple(value)
+    return value
 
 
 def _as_dict(params: SamplingParams) -> dict[str, Any]:

@@ -10,11 +10,16 @@ Invariants (the caller holds the output folder's lock for all of it):
   place by a run killed before its manifest save is adopted when its metadata matches.
 - ``--restart`` deletes every shard the old manifest lists, every output named after an input
   shard and every Parquet file in the folder that batchgen wrote (it carries our metadata), and
-  works when the old manifest is unreadable; files of other origin are left alone.
+  works when the old manifest is unreadable; files of other origin are left alone, and so is
+  every input file (a request file next to its response file, ``run-batch``), whatever the old
+  manifest lists.
+- OpenAI batch response files (JSONL) carry no metadata: their manifest record's input identity
+  is checked, and one renamed into place by a killed run is adopted as it is.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +36,7 @@ from batchgen.io import (
     read_shard_metadata,
     summarize_output_shard,
 )
+from batchgen.io.jsonl_writer import summarize_openai_output
 from batchgen.job.stages import JobError
 
 __all__ = ["ConfigChangedError", "ResumePlan", "bad_shard", "open_manifest", "plan_resume"]
@@ -60,12 +66,13 @@ def open_manifest(
     *,
     restart: bool,
     job_time: str,
+    inputs: Sequence[Path] = (),
 ) -> Manifest:
     """The manifest this run continues, or a new one (`job_time` recorded) after clearing the
-    folder for ``--restart``. Raises ConfigChangedError when the stored fingerprint differs or
+    folder for ``--restart`` (never deleting one of the job's `inputs`). Raises ConfigChangedError when the stored fingerprint differs or
     outputs exist without a manifest, InputError for an unreadable manifest (without restart)."""
     if restart:
-        _clear_outputs(out_dir, input_names)
+        _clear_outputs(out_dir, input_names, inputs)
         return Manifest.create(out_dir, fingerprint, job_time=job_time)
     manifest = Manifest.load(out_dir)
     if manifest is None:
@@ -87,8 +94,9 @@ def open_manifest(
     return manifest
 
 
-def _clear_outputs(out_dir: Path, input_names: Sequence[str]) -> None:
+def _clear_outputs(out_dir: Path, input_names: Sequence[str], inputs: Sequence[Path]) -> None:
     names = set(input_names)
+    keep = {os.path.realpath(p) for p in inputs}
     try:
         old = Manifest.load(out_dir)
     except InputError:
@@ -104,7 +112,10 @@ def _clear_outputs(out_dir: Path, input_names: Sequence[str]) -> None:
         except InputError:
             continue  # not a Parquet file batchgen wrote whole: not ours to delete
     for name in sorted(names):
-        (out_dir / name).unlink(missing_ok=True)
+        path = out_dir / name
+        if os.path.realpath(path) in keep:
+            continue  # an input file is never an output to discard
+        path.unlink(missing_ok=True)
     fsync_path(out_dir)
 
 
@@ -121,10 +132,14 @@ def plan_resume(
     fingerprint: Mapping[str, Any],
     infos: Sequence[ShardInfo],
     unreadable: Sequence[str],
+    *,
+    jsonl_outputs: bool = False,
 ) -> ResumePlan:
     """Check every committed or present output against today's inputs (`infos`, plus the
     names of inputs whose footer is unreadable) and plan the run; adopts (and records) a whole
-    output file a killed run renamed into place. Raises ConfigChangedError naming the shard."""
+    output file a killed run renamed into place. `jsonl_outputs`: the outputs are OpenAI batch
+    response files, which carry no metadata to check. Raises ConfigChangedError naming the
+    shard."""
     done = manifest.committed()
     known_bad = manifest.bad_shards()
     current = {info.name for info in infos} | set(unreadable)
@@ -145,10 +160,12 @@ def plan_resume(
             raise ConfigChangedError(_input_changed(info.name, record.input, identity))
         out = out_dir / info.name
         if out.is_file():
-            _check_output_file(out, digest, identity)
+            if not jsonl_outputs:
+                _check_output_file(out, digest, identity)
             if record is None:
                 # Killed after the rename, before the manifest save: the file is whole.
-                manifest.mark_committed(info.name, summarize_output_shard(out, input=identity))
+                summarize = summarize_openai_output if jsonl_outputs else summarize_output_shard
+                manifest.mark_committed(info.name, summarize(out, input=identity))
             skipped.append(info.name)
             continue
         old_bad = known_bad.get(info.name)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
@@ -29,6 +29,7 @@ from typing import Any
 
 from batchgen import __version__
 from batchgen.engine.llm_engine import LLMEngine
+from batchgen.engine.sampling_params import SamplingParams
 from batchgen.io import (
     SUMMARY_NAME,
     InputError,
@@ -41,18 +42,19 @@ from batchgen.io import (
     check_output_dir,
     check_output_outside_inputs,
     clean_temp_files,
+    find_input_shards,
     inspect_shard,
-    list_input_shards,
     write_json_atomic,
 )
 from batchgen.job.config import JobConfig
 from batchgen.job.files import FileSink, FileSource
+from batchgen.job.openai_batch import OpenAIBatchSink, OpenAIBatchSource, plan_openai_shards
 from batchgen.job.pipeline import run_pipeline_sync
 from batchgen.job.prepare import MAX_TRACKED_IDS, RowPreparer
 from batchgen.job.resume import ConfigChangedError, bad_shard, open_manifest, plan_resume
 from batchgen.job.setup import check_device, load_model
 from batchgen.job.shard_assembly import achieved_hit_rate, ideal_hit_rate
-from batchgen.job.stages import JobError, PipelineOptions, PipelineStats, ShardMeta
+from batchgen.job.stages import JobError, PipelineOptions, PipelineStats, ShardMeta, Sink, Source
 from batchgen.job.timeline_file import TimelineFile, describe_environment, new_run_id
 from batchgen.models.checkpoint import Checkpoint
 
@@ -67,6 +69,7 @@ __all__ = [
     "pipeline_options",
     "planned_job",
     "run_job",
+    "source_and_sink",
 ]
 
 
@@ -131,18 +134,65 @@ def job_fingerprint(config: JobConfig, checkpoint: Checkpoint) -> dict[str, Any]
 
 def _plan_shards(config: JobConfig) -> tuple[list[Path], list[ShardInfo], dict[str, Path]]:
     """All input paths, the readable shards' infos, and (under ``on_bad_shard: skip``) the
-    shards whose footer cannot be read, by name. Schema problems always raise InputError."""
-    paths = list_input_shards(config.io.input, config.base_dir)
+    shards whose footer cannot be read, by name. Schema problems always raise InputError.
+    Parquet inputs are found by `find_input_shards` (folders recursively, Hive partitions);
+    OpenAI batch request files by `plan_openai_shards`."""
+    if config.io.input_format == "openai_jsonl":
+        openai_infos = plan_openai_shards(config)
+        return [info.path for info in openai_infos], openai_infos, {}
+    sampling_fields = [f.name for f in dataclasses.fields(SamplingParams)]
+    paths: list[Path] = []
     infos: list[ShardInfo] = []
     unreadable: dict[str, Path] = {}
-    for path in paths:
+    for shard in find_input_shards(config.io.input, config.base_dir):
+        paths.append(shard.path)
         try:
-            infos.append(inspect_shard(path, config.io.columns))
+            infos.append(
+                inspect_shard(
+                    shard.path,
+                    config.io.columns,
+                    name=shard.name,
+                    partitions=shard.partitions,
+                    sampling_fields=sampling_fields,
+                )
+            )
         except ShardReadError:
             if config.on_bad_shard != "skip":
                 raise
-            unreadable[path.name] = path
+            unreadable[shard.name] = shard.path
     return paths, infos, unreadable
+
+
+def _check_output_location(config: JobConfig, out_dir: Path, paths: list[Path]) -> None:
+    """Parquet output: the output folder must lie outside the input set. OpenAI batch output
+    (``run-batch``, the response file next to the request file): the output files must not be
+    input files (checked by `plan_openai_shards`)."""
+    if config.io.output_format != "openai_jsonl":
+        check_output_outside_inputs(out_dir, config.io.input, config.base_dir, paths)
+
+
+def source_and_sink(
+    config: JobConfig,
+    out_dir: Path,
+    checkpoint: Checkpoint,
+    fingerprint: Mapping[str, Any],
+    identities: Mapping[str, InputIdentity],
+    on_commit: Callable[[str, ShardRecord], None],
+) -> tuple[Source, Sink]:
+    """The job's source and sink by format: Parquet files (`FileSource`, `FileSink`), or
+    OpenAI batch request/response files (`batchgen.job.openai_batch`). Each committed shard's
+    record goes to `on_commit`."""
+    source: Source
+    sink: Sink
+    if config.io.input_format == "openai_jsonl":
+        source = OpenAIBatchSource(config.io.batch_rows)
+    else:
+        source = FileSource(config)
+    if config.io.output_format == "openai_jsonl":
+        sink = OpenAIBatchSink(out_dir, checkpoint.tokenizer, checkpoint.source.name, identities, on_commit)
+    else:
+        sink = FileSink(out_dir, config, fingerprint, identities, on_commit)
+    return source, sink
 
 
 @dataclass(slots=True)
@@ -180,7 +230,7 @@ def planned_job(config: JobConfig, *, restart: bool = False) -> Iterator[JobPlan
     Raises InputError / ConfigChangedError before anything in the output folder changes."""
     paths, infos, unreadable = _plan_shards(config)  # every input checked before any work
     out_dir = config.resolve_path(config.io.output)
-    check_output_outside_inputs(out_dir, config.io.input, config.base_dir, paths)
+    _check_output_location(config, out_dir, paths)
     check_output_dir(out_dir)
     with OutputLock(out_dir):
         check_device(config)
@@ -194,9 +244,17 @@ def planned_job(config: JobConfig, *, restart: bool = False) -> Iterator[JobPlan
                 names,
                 restart=restart,
                 job_time=datetime.now().replace(microsecond=0).isoformat(),
+                inputs=paths,
             )
             clean_temp_files(out_dir)
-            resume = plan_resume(out_dir, manifest, fingerprint, infos, list(unreadable))
+            resume = plan_resume(
+                out_dir,
+                manifest,
+                fingerprint,
+                infos,
+                list(unreadable),
+                jsonl_outputs=config.io.output_format == "openai_jsonl",
+            )
             for name, path in unreadable.items():
                 manifest.mark_bad(name, bad_shard(path, f"{path}: unreadable Parquet footer"))
         except OSError as exc:
@@ -210,6 +268,7 @@ def planned_job(config: JobConfig, *, restart: bool = False) -> Iterator[JobPlan
                 input_path=str(info.path),
                 id_type=info.id_type,
                 passthrough=info.passthrough,
+                partitions=info.partitions,
             )
             for i, info in enumerate(resume.todo)
         ]
@@ -242,7 +301,9 @@ def build_job_engine(config: JobConfig, checkpoint: Checkpoint, job_time: str) -
 
 
 def pipeline_options(config: JobConfig, *, use_tqdm: bool) -> PipelineOptions:
-    """The pipeline's options from the job file."""
+    """The pipeline's options from the job file (an OpenAI batch response needs the token ids
+    and log-probabilities of every output)."""
+    is_openai = config.io.output_format == "openai_jsonl"
     return PipelineOptions(
         columns=config.io.columns,
         batch_rows=config.io.batch_rows,
@@ -250,8 +311,8 @@ def pipeline_options(config: JobConfig, *, use_tqdm: bool) -> PipelineOptions:
         window_rows=config.window_rows,
         max_error_rate=config.max_error_rate,
         min_rows_for_error_rate=config.min_rows_for_error_rate,
-        include_token_ids=config.io.include_token_ids,
-        include_logprobs=config.io.include_logprobs,
+        include_token_ids=config.io.include_token_ids or is_openai,
+        include_logprobs=config.io.include_logprobs or is_openai,
         use_tqdm=use_tqdm,
         on_bad_shard=config.on_bad_shard,
     )
@@ -270,13 +331,15 @@ def run_job(config: JobConfig, *, restart: bool = False, use_tqdm: bool = True) 
             plan.manifest.mark_committed(name, record)
             timeline.save()
 
-        sink = FileSink(plan.out_dir, config, plan.fingerprint, plan.identities, committed)
+        source, sink = source_and_sink(
+            config, plan.out_dir, plan.checkpoint, plan.fingerprint, plan.identities, committed
+        )
         options = dataclasses.replace(
             pipeline_options(config, use_tqdm=use_tqdm),
             on_progress=lambda _rows, _tokens, _hit_rate: timeline.save_if_due(),
         )
         try:
-            stats = run_pipeline_sync(engine, preparer, FileSource(config), sink, plan.todo, options)
+            stats = run_pipeline_sync(engine, preparer, source, sink, plan.todo, options)
         finally:
             timeline.save()  # a failed run's timeline is kept too
         bad = plan.record_bad_shards(stats.bad_shards)

@@ -40,6 +40,8 @@ class ShardMeta:
     input_path: str
     id_type: pa.DataType
     passthrough: pa.Schema
+    # The Hive partition values of the input shard (`batchgen.io.hive_partitions`).
+    partitions: tuple[tuple[str, str], ...] = ()
 
 
 class Source(Protocol):

@@ -366,6 +366,11 @@ def run_ray_job(
     (setup: no Ray, a bad input, model or cluster) and JobError (a shard out of attempts, the
     error rate) with a message for the user.
     """
+    if (config.io.input_format, config.io.output_format) != ("parquet", "parquet"):
+        raise InputError(
+            f"{config.source}: executor: ray reads and writes Parquet only; OpenAI batch files "
+            "(input.format / output.format: openai_jsonl) run with executor: local"
+        )
     ray = import_ray(config.source)
     start = time.perf_counter()
     with planned_job(config, restart=restart) as plan:

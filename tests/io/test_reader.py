@@ -9,7 +9,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from batchgen.io import ColumnMap, InputError, inspect_shard, iter_shard_batches, list_input_shards
+from batchgen.io import (
+    ColumnMap,
+    InputError,
+    find_input_shards,
+    inspect_shard,
+    iter_shard_batches,
+    list_input_shards,
+)
 
 MESSAGE = pa.struct([pa.field("role", pa.string()), pa.field("content", pa.string())])
 
@@ -35,17 +42,42 @@ def _prompts(num_rows: int, start: int = 0) -> pa.Table:
 # --- list_input_shards ---------------------------------------------------------------------
 
 
-def test_folder_lists_parquet_files_sorted_not_recursive(tmp_path: Path) -> None:
+def test_folder_lists_parquet_files_sorted_and_recursive(tmp_path: Path) -> None:
     data = tmp_path / "data"
-    for name in ("b.parquet", "a.parquet", "sub/c.parquet"):
+    for name in ("b.parquet", "a.parquet", "sub/c.parquet", "_tmp/x.parquet", ".git/y.parquet"):
         _write(data / name, _prompts(1))
     (data / "notes.txt").write_text("not a shard")
+    (data / "_SUCCESS").write_text("")
     (data / ".a.parquet.tmp-1-ff").write_bytes(b"leftover")
-    assert list_input_shards("data", tmp_path) == [data / "a.parquet", data / "b.parquet"]
-    assert list_input_shards(str(data), Path("/nonexistent")) == [
-        data / "a.parquet",
-        data / "b.parquet",
+    expected = [data / "a.parquet", data / "b.parquet", data / "sub/c.parquet"]
+    assert list_input_shards("data", tmp_path) == expected
+    assert list_input_shards(str(data), Path("/nonexistent")) == expected
+    # the job's own output folder inside the input folder is not input
+    assert list_input_shards("data", tmp_path, exclude=data / "sub") == expected[:2]
+    names = [s.name for s in find_input_shards("data", tmp_path)]
+    assert names == ["a.parquet", "b.parquet", "sub__c.parquet"]
+
+
+def test_hive_partitions_read_recursively_with_their_values(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    for name in ("date=2026-11-29/country=us/part-0.parquet", "date=2026-11-30/country=fr/part-0.parquet"):
+        _write(data / name, _prompts(2))
+    shards = find_input_shards("data", tmp_path)
+    assert [s.name for s in shards] == [
+        "date=2026-11-29__country=us__part-0.parquet",
+        "date=2026-11-30__country=fr__part-0.parquet",
     ]
+    assert shards[1].partitions == (("date", "2026-11-30"), ("country", "fr"))
+    columns = ColumnMap(passthrough=("date", "country"))
+    info = inspect_shard(shards[1].path, columns, name=shards[1].name, partitions=shards[1].partitions)
+    assert info.name == shards[1].name
+    assert info.passthrough == pa.schema([pa.field("date", pa.string()), pa.field("country", pa.string())])
+    batches = list(iter_shard_batches(shards[1].path, columns, 10, partitions=shards[1].partitions))
+    assert batches[0].column(3).to_pylist() == ["fr", "fr"]
+    assert batches[0].schema.names == ["id", "prompt", "date", "country"]
+    # a passthrough column that is neither in the file nor a partition is still an error
+    with pytest.raises(InputError, match="no column 'region'"):
+        inspect_shard(shards[1].path, ColumnMap(passthrough=("region",)), partitions=shards[1].partitions)
 
 
 def test_glob_relative_to_base_dir_and_recursive(tmp_path: Path) -> None:
@@ -290,3 +322,27 @@ def test_output_reached_through_a_symlink_is_refused(tmp_path: Path) -> None:
     (tmp_path / "link").symlink_to(tmp_path / "in")
     with pytest.raises(InputError, match="is the input"):
         check_output_outside_inputs(tmp_path / "link", "in", tmp_path, [shard])
+
+
+def test_pandas_and_arrow_string_types_are_strings(tmp_path: Path) -> None:
+    message = pa.struct([pa.field("role", pa.large_string()), pa.field("content", pa.large_string())])
+    table = pa.table(
+        {
+            "id": pa.array(["a", "b", "a"], pa.string()).dictionary_encode(),
+            "chat": pa.array([[{"role": "user", "content": "hi"}]] * 3, pa.large_list(message)),
+            "ids": pa.array([[1, 2], [3], []], pa.list_(pa.int64())),
+            "sp": pa.array([{"max_tokens": 4.0}] * 3, pa.struct([("max_tokens", pa.float64())])),
+        }
+    )
+    path = _write(tmp_path / "p.parquet", table)
+    columns = ColumnMap(prompt=None, messages="chat", sampling_params="sp")
+    info = inspect_shard(path, columns, sampling_fields=("max_tokens", "n"))
+    assert info.id_type == pa.string()  # the output id column is a plain string
+    batch = next(iter_shard_batches(path, columns, 10))
+    assert batch.column(0).type == pa.string() and batch.column(0).to_pylist() == ["a", "b", "a"]
+    assert batch.column(1).to_pylist()[0] == [{"role": "user", "content": "hi"}]
+    assert inspect_shard(path, ColumnMap(prompt=None, prompt_token_ids="ids")).num_rows == 3
+    with pytest.raises(InputError, match=r"column 'chat' \(the prompt_token_ids column\) has type"):
+        inspect_shard(path, ColumnMap(prompt=None, prompt_token_ids="chat"))
+    with pytest.raises(InputError, match=r"a field 'max_tokens' that is not a sampling parameter"):
+        inspect_shard(path, columns, sampling_fields=("n",))

@@ -221,10 +221,11 @@ def _patch_renames(note: Path, kind: str, arg: str) -> None:
 
 def _patch_reads(note: Path, shard: str) -> None:
     import batchgen.io.reader
+    import batchgen.job.files
     import batchgen.job.run
 
     patched = 0
-    modules: tuple[Any, ...] = (batchgen.io.reader, batchgen.job.run)
+    modules: tuple[Any, ...] = (batchgen.io.reader, batchgen.job.run, batchgen.job.files)
     for module in modules:
         real: Callable[..., Any] | None = getattr(module, "iter_shard_batches", None)
         if real is None:

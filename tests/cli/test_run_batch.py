@@ -1,0 +1,161 @@
+"""`batchgen run-batch`: an OpenAI Batch API request file in, one response line per request
+line out (errors as error objects), parseable by the `openai` package, exactly once across a
+kill -9 and a re-run."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from batchgen.cli.main import main
+from tests.job.helpers import subprocess_env
+from tests.tiny_models import make_tiny_hf_folder
+
+REPO = Path(__file__).resolve().parents[2]
+KILL_WRAPPER = Path(__file__).resolve().parent / "run_batch_kill.py"
+ENGINE = ["--max-num-seqs", "4", "--max-num-batched-tokens", "64", "--max-model-len", "96"]
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tiny_hf_folder(tmp_path_factory.mktemp("tiny"), num_heads=4, num_kv_heads=2, hidden_size=64)
+
+
+def _request(custom_id: str | None, url: str = "/v1/chat/completions", **body: Any) -> str:
+    request: dict[str, Any] = {"method": "POST", "url": url, "body": {"model": "gpt-4o-mini", **body}}
+    if custom_id is not None:
+        request["custom_id"] = custom_id
+    return json.dumps(request)
+
+
+def _chat(custom_id: str | None, text: str, **body: Any) -> str:
+    if "max_completion_tokens" not in body:
+        body.setdefault("max_tokens", 4)
+    body.setdefault("temperature", 0)
+    return _request(custom_id, messages=[{"role": "user", "content": text}], **body)
+
+
+MIXED = [
+    _chat("a", "Name a river."),
+    _request("b", "/v1/completions", prompt="Once upon a time", max_tokens=3, temperature=0, n=2),
+    '{"custom_id": "broken", "body": ',
+    _request("c", "/v1/embeddings", input="x"),
+    _chat("a", "A second request with the id of the first."),
+    _chat("long", "word " * 200),
+    _chat(None, "No custom id."),
+    _chat("d", "Say hi.", logprobs=True, max_completion_tokens=2),
+    _chat("e", "Penalized.", presence_penalty=1.5),
+    _chat("f", "Top three.", logprobs=True, top_logprobs=3, max_tokens=2),
+    _request("g", "/v1/completions", prompt="Top two", max_tokens=2, temperature=0, logprobs=2),
+]
+EXPECTED_ERRORS = {
+    3: "invalid_json",
+    4: "unsupported_url",
+    5: "duplicate_id",
+    6: "prompt_too_long",
+    7: "missing_custom_id",
+    9: "unsupported_field",
+}
+
+
+def _read_lines(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+
+
+def test_mixed_file_gives_one_line_per_request_in_order(tmp_path: Path, model: Path) -> None:
+    from openai.types import Completion
+    from openai.types.chat import ChatCompletion
+
+    requests = tmp_path / "requests.jsonl"
+    requests.write_text("\n".join(MIXED) + "\n", encoding="utf-8")
+    out = tmp_path / "results" / "results.jsonl"
+    code = main(["run-batch", "-i", str(requests), "-o", str(out), "--model", str(model), "--quiet", *ENGINE])
+    assert code == 0
+    lines = _read_lines(out)
+    assert len(lines) == len(MIXED)
+    assert [line["id"] for line in lines] == [f"batch_req_{i}" for i in range(1, len(MIXED) + 1)]
+    assert [line["custom_id"] for line in lines] == ["a", "b", None, "c", "a", "long", None, "d", "e", "f", "g"]
+    for number, line in enumerate(lines, start=1):
+        if number in EXPECTED_ERRORS:
+            assert line["error"]["code"] == EXPECTED_ERRORS[number], line
+            assert line["response"]["status_code"] == 400
+            assert line["response"]["body"]["error"]["code"] == EXPECTED_ERRORS[number]
+            continue
+        assert line["error"] is None and line["response"]["status_code"] == 200, line
+        body = line["response"]["body"]
+        assert body["model"] == "gpt-4o-mini"  # echoed from the request
+        usage = body["usage"]
+        assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
+        assert 0 <= usage["prompt_tokens_details"]["cached_tokens"] <= usage["prompt_tokens"]
+        if number in (2, 11):
+            completion = Completion.model_validate(body)
+            assert [c.index for c in completion.choices] == ([0, 1] if number == 2 else [0])
+            assert all(c.finish_reason in ("stop", "length") for c in completion.choices)
+            assert usage["completion_tokens"] <= 6
+        else:
+            chat = ChatCompletion.model_validate(body)
+            assert chat.object == "chat.completion" and len(chat.choices) == 1
+            choice = chat.choices[0]
+            assert choice.message.role == "assistant" and isinstance(choice.message.content, str)
+            assert choice.finish_reason in ("stop", "length")
+    # logprobs: true gives one entry per generated token
+    logprobs = lines[7]["response"]["body"]["choices"][0]["logprobs"]["content"]
+    assert len(logprobs) == lines[7]["response"]["body"]["usage"]["completion_tokens"] <= 2
+    assert all(entry["logprob"] <= 0 for entry in logprobs)
+    assert lines[0]["response"]["body"]["choices"][0]["logprobs"] is None
+    assert "presence_penalty" in lines[8]["error"]["message"]
+    # top_logprobs: the k best tokens per position, best first; greedy picks the best
+    for entry in lines[9]["response"]["body"]["choices"][0]["logprobs"]["content"]:
+        values = [t["logprob"] for t in entry["top_logprobs"]]
+        assert len(values) == 3 and values == sorted(values, reverse=True)
+        assert entry["logprob"] == values[0] and entry["token"] == entry["top_logprobs"][0]["token"]
+    completion_logprobs = lines[10]["response"]["body"]["choices"][0]["logprobs"]
+    assert len(completion_logprobs["tokens"]) == len(completion_logprobs["top_logprobs"])
+    assert all(len(top) <= 2 for top in completion_logprobs["top_logprobs"])
+
+    # the state of the run sits next to the output file; a re-run skips the committed file
+    assert (out.parent / "manifest.json").is_file()
+    before = out.read_bytes()
+    assert main(["run-batch", "-i", str(requests), "-o", str(out), "--model", str(model), "--quiet", *ENGINE]) == 0
+    assert out.read_bytes() == before
+    summary = json.loads((out.parent / "summary.json").read_text())
+    assert summary["shards"] == {"committed_this_run": 0, "skipped": 1}
+
+
+def _run_batch(args: list[str], wrapper: list[str] | None = None) -> subprocess.CompletedProcess[str]:
+    head = [sys.executable, "-m", "batchgen"] if wrapper is None else [sys.executable, str(KILL_WRAPPER), *wrapper]
+    return subprocess.run(
+        [*head, *args], cwd=REPO, env=subprocess_env(), capture_output=True, text=True, timeout=300, check=False
+    )
+
+
+@pytest.mark.parametrize("moment", [["write", "2"], ["after_rename", "1"]])
+def test_kill_then_rerun_gives_one_line_per_request(tmp_path: Path, model: Path, moment: list[str]) -> None:
+    requests = tmp_path / "requests.jsonl"
+    good = [_chat(f"r{i}", f"Question {i}: what is {i} plus {i}?") for i in range(7)]
+    requests.write_text("\n".join([*good[:3], "{bad json", *good[3:]]) + "\n", encoding="utf-8")
+    out = tmp_path / "results.jsonl"
+    args = ["run-batch", "-i", str(requests), "-o", str(out), "--model", str(model), "--quiet", *ENGINE]
+    args += ["--set", "input.batch_rows=2"]
+    killed = _run_batch(args, wrapper=moment)
+    assert killed.returncode == -9, killed.stderr
+    if moment[0] == "write":
+        assert not out.exists()  # nothing partial under the final name
+    else:
+        assert out.exists()  # renamed, but the manifest never heard of it
+    rerun = _run_batch(args)
+    assert rerun.returncode == 0, rerun.stderr
+    lines = _read_lines(out)
+    assert [line["custom_id"] for line in lines] == ["r0", "r1", "r2", None, "r3", "r4", "r5", "r6"]
+    assert [line["error"] is None for line in lines] == [True] * 3 + [False] + [True] * 4
+    assert not [p for p in tmp_path.iterdir() if ".tmp-" in p.name]
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    assert json.dumps(manifest).count("results.jsonl") >= 1
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    committed = 0 if moment[0] == "after_rename" else 1
+    assert summary["shards"]["committed_this_run"] == committed
