@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from batchgen.kernels import Backend, paged_attention, resolve_backend, write_kv
+from batchgen.kernels.attention_cpu import is_cpu_kernel_available
 
 from .attention_cases import (
     CAN_RUN_TRITON,
@@ -117,7 +118,9 @@ def test_strided_query_view() -> None:
 
 
 def test_default_backend_follows_device() -> None:
-    assert resolve_backend(None, torch.device("cpu")) == "torch"
+    # On CPU the compiled kernel is the default where it builds; the PyTorch path otherwise.
+    expected_cpu = "cpu" if is_cpu_kernel_available() else "torch"
+    assert resolve_backend(None, torch.device("cpu")) == expected_cpu
     assert resolve_backend(None, torch.device("cuda")) == "triton"
     with pytest.raises(ValueError, match="backend"):
         resolve_backend("cuda", torch.device("cpu"))  # type: ignore[arg-type,unused-ignore]
