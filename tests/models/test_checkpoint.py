@@ -170,12 +170,17 @@ def test_sharded_folder_and_rotary_buffers(tmp_path: Path) -> None:
         load_checkpoint(folder)
 
 
-def test_fingerprint_is_stable_and_follows_files(tmp_path: Path) -> None:
+def test_fingerprint_is_stable_and_follows_file_contents(tmp_path: Path) -> None:
     folder = make_tiny_hf_folder(tmp_path)
     first = load_checkpoint(folder).fingerprint
     assert load_checkpoint(folder).fingerprint == first
+    # A new modification time alone (a reinstall, a copy) keeps the fingerprint ...
     stat = (folder / "config.json").stat()
     os.utime(folder / "config.json", ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
+    assert load_checkpoint(folder).fingerprint == first
+    # ... a changed byte does not.
+    config = folder / "config.json"
+    config.write_text(config.read_text() + "\n")  # same JSON, other bytes
     assert load_checkpoint(folder).fingerprint != first
 
 
