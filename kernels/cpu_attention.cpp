@@ -149,6 +149,16 @@ inline void block_pv(float* a, float alpha, const float* p, const float* vb, int
   }
 }
 
+// Asks for the cache lines of one block's K and V rows of one KV head (n tokens, stride apart).
+inline void prefetch_block(const float* kb, const float* vb, int64_t stride, int64_t n, int64_t head_dim) {
+  for (int64_t j = 0; j < n; ++j) {
+    for (int64_t d = 0; d < head_dim; d += 16) {  // 16 floats = one 64-byte line
+      __builtin_prefetch(kb + j * stride + d, 0, 3);
+      __builtin_prefetch(vb + j * stride + d, 0, 3);
+    }
+  }
+}
+
 void run_item(const Item& it, const float* q, float* out, const float* k_cache, const float* v_cache,
               const int32_t* block_table, int64_t seq_len, int64_t q_len, int64_t q_start,
               int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t block_size,
@@ -178,6 +188,12 @@ void run_item(const Item& it, const float* q, float* out, const float* k_cache, 
     const int64_t n = std::min(block_size, last_pos + 1 - base);
     const float* kb = k_cache + (block_id * block_size * num_kv_heads + it.kv_head) * head_dim;
     const float* vb = v_cache + (block_id * block_size * num_kv_heads + it.kv_head) * head_dim;
+    if (b + 1 < num_blocks) {
+      // The next block sits anywhere in the pool, where no hardware prefetcher can guess it: ask
+      // for its K/V lines now, so they arrive while this block is computed.
+      const int64_t next = (static_cast<int64_t>(block_table[b + 1]) * block_size * num_kv_heads + it.kv_head) * head_dim;
+      prefetch_block(k_cache + next, v_cache + next, token_stride, block_size, head_dim);
+    }
     for (int64_t r = 0; r < rows; ++r) {
       const float* qr = q_row(r);
       const int64_t pos = context + it.q_begin + r / group;
