@@ -119,22 +119,39 @@ inline float block_exp(float* s, int64_t n, float m) {
   return sum;
 }
 
+#if defined(__AVX2__) && defined(__FMA__)
+// C * 8 columns of a = a * alpha + sum_j p[j] * v_j. C is a compile-time count so that the C
+// accumulators stay in registers (a runtime count spills them to the stack on every FMA).
+template <int C>
+inline void pv_columns(float* a, __m256 va, const float* p, const float* vb, int64_t stride, int64_t n) {
+  __m256 acc[C];
+  for (int c = 0; c < C; ++c) acc[c] = _mm256_mul_ps(_mm256_loadu_ps(a + 8 * c), va);
+  for (int64_t j = 0; j < n; ++j) {
+    const __m256 pj = _mm256_set1_ps(p[j]);
+    const float* vr = vb + j * stride;
+    for (int c = 0; c < C; ++c) acc[c] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vr + 8 * c), acc[c]);
+  }
+  for (int c = 0; c < C; ++c) _mm256_storeu_ps(a + 8 * c, acc[c]);
+}
+#endif
+
 // a = a * alpha + sum_j p[j] * v_j over the first n tokens of a block.
 inline void block_pv(float* a, float alpha, const float* p, const float* vb, int64_t stride, int64_t n,
                      int64_t head_dim) {
 #if defined(__AVX2__) && defined(__FMA__)
   if (head_dim % 8 == 0) {
     const __m256 va = _mm256_set1_ps(alpha);
-    for (int64_t d0 = 0; d0 < head_dim; d0 += 64) {  // 8 accumulators (64 floats) per pass
-      const int64_t num = std::min<int64_t>(8, (head_dim - d0) / 8);
-      __m256 acc[8];
-      for (int64_t c = 0; c < num; ++c) acc[c] = _mm256_mul_ps(_mm256_loadu_ps(a + d0 + 8 * c), va);
-      for (int64_t j = 0; j < n; ++j) {
-        const __m256 pj = _mm256_set1_ps(p[j]);
-        const float* vr = vb + j * stride + d0;
-        for (int64_t c = 0; c < num; ++c) acc[c] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vr + 8 * c), acc[c]);
+    for (int64_t d0 = 0; d0 < head_dim; d0 += 64) {  // up to 8 accumulators (64 floats) per pass
+      switch (std::min<int64_t>(8, (head_dim - d0) / 8)) {
+        case 8: pv_columns<8>(a + d0, va, p, vb + d0, stride, n); break;
+        case 7: pv_columns<7>(a + d0, va, p, vb + d0, stride, n); break;
+        case 6: pv_columns<6>(a + d0, va, p, vb + d0, stride, n); break;
+        case 5: pv_columns<5>(a + d0, va, p, vb + d0, stride, n); break;
+        case 4: pv_columns<4>(a + d0, va, p, vb + d0, stride, n); break;
+        case 3: pv_columns<3>(a + d0, va, p, vb + d0, stride, n); break;
+        case 2: pv_columns<2>(a + d0, va, p, vb + d0, stride, n); break;
+        default: pv_columns<1>(a + d0, va, p, vb + d0, stride, n); break;
       }
-      for (int64_t c = 0; c < num; ++c) _mm256_storeu_ps(a + d0 + 8 * c, acc[c]);
     }
     return;
   }
