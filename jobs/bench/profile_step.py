@@ -23,10 +23,11 @@ from batchgen.engine.llm_engine import LLMEngine
 from batchgen.engine.sampling_params import SamplingParams
 from batchgen.models.checkpoint import load_checkpoint
 
+# First match wins: kv_write's index_copy must be tested before attention's "aten::index".
 _CATEGORIES = (
     ("gemm", ("aten::addmm", "aten::mm", "aten::linear", "aten::matmul", "aten::bmm")),
-    ("attention", ("batchgen::", "aten::scaled_dot_product", "aten::_scaled_dot", "aten::index", "aten::index_select", "attn")),
     ("kv_write", ("aten::index_copy",)),
+    ("attention", ("batchgen::", "aten::scaled_dot_product", "aten::_scaled_dot", "aten::index", "aten::index_select", "attn")),
     ("sampler", ("aten::argmax", "aten::topk", "aten::softmax", "aten::exponential")),
 )
 
