@@ -23,7 +23,6 @@ import time
 from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -32,23 +31,15 @@ from tqdm.auto import tqdm
 from batchgen.io import InputError, ShardRecord, write_json_atomic
 from batchgen.job.config import JobConfig, RayConfig
 from batchgen.job.files import reconcile_shard
-from batchgen.job.run import JobPlan, JobSummary, make_summary, planned_job
+from batchgen.job.run import JobPlan, planned_job
 from batchgen.job.stages import JobError, PipelineStats, ShardMeta
+from batchgen.job.summary import JobSummary, make_summary
+from batchgen.ray.cluster import check_resources, connect, import_ray
 from batchgen.ray.worker import ShardResult, ShardWorker, WorkerProgress
 
 __all__ = ["import_ray", "run_ray_job"]
 
 _POLL_S = 0.5
-_INSTALL_HINT = "pip install 'batchgen[ray]' (or pip install 'ray[data]>=2.40')"
-
-
-def import_ray(source: Path | str) -> ModuleType:
-    """The `ray` module. Raises InputError naming `source` with how to install it."""
-    try:
-        import ray
-    except ImportError as exc:
-        raise InputError(f"{source}: executor: ray needs Ray, which is not installed: {_INSTALL_HINT}") from exc
-    return ray
 
 
 @dataclass(slots=True)
@@ -321,36 +312,6 @@ class _Dispatcher:
         return dict(sorted(self._totals.retries.items()))
 
 
-def _connect(ray: ModuleType, config: JobConfig) -> bool:
-    """Join (or start) the cluster unless this process already did; True if it connected."""
-    if ray.is_initialized():
-        return False
-    try:
-        # A Ray started here serves this machine only: bind it to the loopback address.
-        local = {"_node_ip_address": "127.0.0.1"} if config.ray.address is None else {}
-        ray.init(address=config.ray.address, logging_level="warning", log_to_driver=True, **local)
-    except (ConnectionError, ValueError, RuntimeError) as exc:
-        raise InputError(
-            f"{config.source}: ray.address: cannot reach a Ray cluster at "
-            f"{config.ray.address or 'a local Ray'}: {exc}"
-        ) from exc
-    return True
-
-
-def _check_resources(ray: ModuleType, config: JobConfig) -> None:
-    total = ray.cluster_resources()
-    wanted = config.ray
-    for key, resource, amount in (
-        ("num_cpus_per_worker", "CPU", wanted.num_cpus_per_worker),
-        ("num_gpus_per_worker", "GPU", wanted.num_gpus_per_worker),
-    ):
-        if amount > total.get(resource, 0):
-            raise InputError(
-                f"{config.source}: ray.{key}: {amount:g} {resource}s per worker, but the cluster "
-                f"has {total.get(resource, 0):g} in all"
-            )
-
-
 def run_ray_job(
     config: JobConfig,
     *,
@@ -374,10 +335,10 @@ def run_ray_job(
     ray = import_ray(config.source)
     start = time.perf_counter()
     with planned_job(config, restart=restart) as plan:
-        connected = _connect(ray, config)
+        connected = connect(ray, config)
         try:
             if plan.todo:
-                _check_resources(ray, config)
+                check_resources(ray, config)
             dispatcher = _Dispatcher(ray, config, plan, worker_setup, use_tqdm)
             try:
                 stats = dispatcher.run()
