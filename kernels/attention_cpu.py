@@ -1,13 +1,17 @@
-"""Compiled CPU paged attention (float32): a C++ extension built once by torch's extension tools.
+"""Compiled CPU paged attention, RMSNorm and rotary embedding (float32): a C++ extension built
+once by torch's extension tools.
 
 `cpu_attention.cpp` reads K/V in place from the block pool with an online softmax, parallel
-over (sequence, KV head, query tile) on torch's own OpenMP threads; see the comments there.
+over (sequence, KV head, query tile) on torch's own OpenMP threads; see the comments there. Its
+RMSNorm (with the residual add) and rotary embedding replace a dozen small PyTorch ops per layer
+each, whose dispatch dominates at decode batch sizes.
 The first call compiles it with the system C++ compiler (about half a minute) into torch's
 extension cache (`TORCH_EXTENSIONS_DIR`, default ~/.cache/torch_extensions); later processes
 load the cached library in well under a second. The build is for this machine's CPU
 (-march=native); the cache key includes the source, the flags and the CPU's feature flags.
 
-`attention_torch.py` stays the reference the kernel is tested against, and the fallback when
+`attention_torch.py` and the PyTorch ops in `dispatch.py` stay the references the kernels are
+tested against, and the fallback when
 no compiler is present (`is_cpu_kernel_available`). Imports torch only.
 """
 
@@ -25,10 +29,18 @@ import torch
 
 from .metadata import AttentionMetadata
 
-__all__ = ["is_cpu_kernel_available", "load_cpu_kernel", "paged_attention_cpu"]
+__all__ = [
+    "is_cpu_kernel_available",
+    "load_cpu_kernel",
+    "paged_attention_cpu",
+    "rms_norm_cpu",
+    "rotary_embedding_cpu",
+]
 
 _SOURCE = Path(__file__).with_name("cpu_attention.cpp")
-_CFLAGS = ("-O3", "-march=native", "-fopenmp", "-fno-math-errno")
+# No FMA contraction: the rotary embedding must round as the PyTorch path does (the attention
+# kernel writes its FMAs explicitly).
+_CFLAGS = ("-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-ffp-contract=off")
 
 
 def _cpu_flags() -> str:
@@ -93,3 +105,26 @@ def paged_attention_cpu(
             query.contiguous(), k_cache, v_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc, scale
         )
     return out
+
+
+def rms_norm_cpu(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(weight * h / rms(h), h) with h = x + residual (float32, CPU); see dispatch.rms_norm."""
+    with torch.profiler.record_function("batchgen::rms_norm_cpu"):
+        out, h = load_cpu_kernel().rms_norm(
+            x.contiguous(), None if residual is None else residual.contiguous(), weight.contiguous(), eps
+        )
+    return out, h
+
+
+def rotary_embedding_cpu(
+    positions: torch.Tensor,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    cos_cache: torch.Tensor,
+    sin_cache: torch.Tensor,
+) -> None:
+    """Rotates query and key in place (float32, CPU); see dispatch.rotary_embedding."""
+    with torch.profiler.record_function("batchgen::rotary_embedding_cpu"):
+        load_cpu_kernel().rotary_embedding(positions, query, key, cos_cache.contiguous(), sin_cache.contiguous())

@@ -1,8 +1,9 @@
 """One entry point per op; picks the Triton, compiled-CPU or PyTorch implementation.
 
 `backend` is "torch", "triton", "cpu" or None (None: Triton on CUDA tensors; on CPU the compiled
-paged-attention kernel for float32 when it builds, PyTorch for everything else). "cpu" only
-changes attention; the other ops run their PyTorch path there.
+kernels for float32 when they build, PyTorch for everything else). "cpu" covers attention,
+RMSNorm and the rotary embedding (float32; other dtypes take the PyTorch path); the KV write runs
+its PyTorch path there.
 "triton" on CPU tensors works only under the Triton interpreter (TRITON_INTERPRET=1 set before
 the first Triton call); that is how CI tests the kernels. Triton modules are imported lazily, on
 the first Triton call, so importing this package needs no triton and costs nothing on CPU.
@@ -14,7 +15,12 @@ from typing import Literal, NamedTuple
 
 import torch
 
-from .attention_cpu import is_cpu_kernel_available, paged_attention_cpu
+from .attention_cpu import (
+    is_cpu_kernel_available,
+    paged_attention_cpu,
+    rms_norm_cpu,
+    rotary_embedding_cpu,
+)
 from .attention_torch import paged_attention_torch, write_kv_torch
 from .metadata import AttentionMetadata
 
@@ -95,6 +101,10 @@ def paged_attention(
     return paged_attention_torch(query, k_cache, v_cache, meta, scale)
 
 
+def _all_float32(*tensors: torch.Tensor | None) -> bool:
+    return all(t is None or t.dtype == torch.float32 for t in tensors)
+
+
 class RmsNormOutput(NamedTuple):
     """`out` = the normalised hidden states; `residual` = the input to the next residual add."""
 
@@ -115,10 +125,13 @@ def rms_norm(
     h = x + residual (in x.dtype; h = x without a residual); out = weight * (h / rms(h)).to(x.dtype),
     statistics in fp32. Returns (out, h); mutates nothing. out has x's dtype.
     """
-    if resolve_backend(backend, x.device) == "triton":
+    resolved = resolve_backend(backend, x.device)
+    if resolved == "triton":
         from .triton_norm_rope import rms_norm_triton
 
         return RmsNormOutput(*rms_norm_triton(x, weight, eps, residual))
+    if resolved == "cpu" and _all_float32(x, weight, residual):
+        return RmsNormOutput(*rms_norm_cpu(x, weight, eps, residual))
     h = x if residual is None else x + residual
     hf = h.float()
     normed = hf * torch.rsqrt(hf.pow(2).mean(dim=-1, keepdim=True) + eps)
@@ -139,10 +152,14 @@ def rotary_embedding(
     positions: int [T]; cos_cache/sin_cache: [max_positions, D // 2], usually fp32. Computed in
     fp32, rounded once to the q/k dtype. Mutates query and key (views into a fused qkv are fine).
     """
-    if resolve_backend(backend, query.device) == "triton":
+    resolved = resolve_backend(backend, query.device)
+    if resolved == "triton":
         from .triton_norm_rope import rotary_embedding_triton
 
         rotary_embedding_triton(positions, query, key, cos_cache, sin_cache)
+        return
+    if resolved == "cpu" and _all_float32(query, key, cos_cache, sin_cache):
+        rotary_embedding_cpu(positions, query, key, cos_cache, sin_cache)
         return
     half = query.shape[-1] // 2
     cos = cos_cache.index_select(0, positions).float().unsqueeze(1)  # [T, 1, D/2]

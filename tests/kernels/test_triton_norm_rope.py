@@ -1,4 +1,5 @@
-"""RMSNorm (+ residual) and rotary embedding: Triton and PyTorch paths against fp64 references."""
+"""RMSNorm (+ residual) and rotary embedding: Triton, compiled CPU and PyTorch paths against fp64
+references (the CPU kernels take float32; other dtypes fall back to PyTorch there)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import pytest
 import torch
 
 from batchgen.kernels import Backend, rms_norm, rotary_embedding
+from batchgen.kernels.attention_cpu import is_cpu_kernel_available
 
 from .attention_cases import CAN_RUN_TRITON, DEVICE, INTERPRETER_WARNING, IS_INTERPRETED
 
@@ -15,6 +17,12 @@ RTOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 BACKENDS = [
     "torch",
+    pytest.param(
+        "cpu",
+        marks=pytest.mark.skipif(
+            DEVICE.type != "cpu" or not is_cpu_kernel_available(), reason="needs the compiled CPU kernels"
+        ),
+    ),
     pytest.param(
         "triton",
         marks=[
@@ -106,3 +114,19 @@ def test_rotary_embedding_in_place_on_qkv_views(backend: Backend, dtype: torch.d
     _close(qkv_dev[:, :num_heads], q_ref, dtype)
     _close(qkv_dev[:, num_heads : num_heads + num_kv_heads], k_ref, dtype)
     assert torch.equal(qkv_dev[:, num_heads + num_kv_heads :].cpu(), v_before)
+
+
+@pytest.mark.skipif(DEVICE.type != "cpu" or not is_cpu_kernel_available(), reason="needs the compiled CPU kernels")
+def test_cpu_rotary_is_bit_identical_to_the_torch_path() -> None:
+    """The compiled rotary rounds exactly as the PyTorch ops do (no FMA contraction)."""
+    gen = torch.Generator().manual_seed(5)
+    cos64, sin64 = _cos_sin(2048, 64)
+    positions = torch.randint(0, 2048, (33,), generator=gen)
+    qkv = torch.randn(33, 9 + 2 * 3, 64, generator=gen)
+    copies = {}
+    for backend in ("torch", "cpu"):
+        x = qkv.clone()
+        rotary_embedding(positions, x[:, :9], x[:, 9:12], cos64.float(), sin64.float(), backend=backend)
+        copies[backend] = x
+    assert not torch.equal(copies["cpu"], qkv)
+    assert torch.equal(copies["cpu"], copies["torch"])
