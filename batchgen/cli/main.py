@@ -10,8 +10,44 @@ import argparse
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from batchgen.job.config import JobConfig
 
 __all__ = ["main"]
+
+
+def _execute(config: JobConfig, args: argparse.Namespace) -> int | None:
+    """Runs a job (`run`, `run-batch`) on its executor and prints its summary table; None when it
+    finished, else the exit code (2: setup, 1: runtime), its one-line message printed."""
+    import torch
+
+    from batchgen.io import InputError
+    from batchgen.job.run import ConfigChangedError, run_job
+    from batchgen.job.stages import JobError
+
+    threads = args.threads or int(os.environ.get("BATCHGEN_THREADS", "0"))
+    if threads:
+        torch.set_num_threads(threads)
+    try:
+        if config.executor == "ray":
+            from batchgen.ray.driver import run_ray_job
+
+            summary = run_ray_job(config, restart=args.restart, use_tqdm=not args.quiet)
+        else:
+            summary = run_job(config, restart=args.restart, use_tqdm=not args.quiet)
+    except (InputError, ConfigChangedError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except JobError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:  # a file-system failure no layer put into words: still one message
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(summary.table())
+    return None
 
 
 def _bench(args: argparse.Namespace) -> int:
@@ -81,7 +117,6 @@ def _bench_workload(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from batchgen.io import InputError
     from batchgen.job.config import JobConfigError
     from batchgen.job.config_file import load_job_config
 
@@ -90,31 +125,9 @@ def _run(args: argparse.Namespace) -> int:
     except JobConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    import torch
-
-    from batchgen.job.run import ConfigChangedError, run_job
-    from batchgen.job.stages import JobError
-
-    threads = args.threads or int(os.environ.get("BATCHGEN_THREADS", "0"))
-    if threads:
-        torch.set_num_threads(threads)
-    try:
-        if config.executor == "ray":
-            from batchgen.ray.driver import run_ray_job
-
-            summary = run_ray_job(config, restart=args.restart, use_tqdm=not args.quiet)
-        else:
-            summary = run_job(config, restart=args.restart, use_tqdm=not args.quiet)
-    except (InputError, ConfigChangedError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except JobError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    except OSError as exc:  # a file-system failure no layer put into words: still one message
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    print(summary.table())
+    rc = _execute(config, args)
+    if rc is not None:
+        return rc
     if config.report:
         out_dir = config.resolve_path(config.io.output)
         try:
@@ -149,7 +162,6 @@ def _report(args: argparse.Namespace) -> int:
 def _run_batch(args: argparse.Namespace) -> int:
     import dataclasses
 
-    from batchgen.io import InputError
     from batchgen.job.config import JobConfigError
     from batchgen.job.config_file import job_config_with_overrides
 
@@ -183,24 +195,7 @@ def _run_batch(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"error: run-batch: -o: {exc}", file=sys.stderr)
         return 2
-    import torch
-
-    from batchgen.job.run import ConfigChangedError, run_job
-    from batchgen.job.stages import JobError
-
-    threads = args.threads or int(os.environ.get("BATCHGEN_THREADS", "0"))
-    if threads:
-        torch.set_num_threads(threads)
-    try:
-        summary = run_job(config, restart=args.restart, use_tqdm=not args.quiet)
-    except (InputError, ConfigChangedError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except JobError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    print(summary.table())
-    return 0
+    return _execute(config, args) or 0
 
 
 def _prepare_sharegpt(args: argparse.Namespace) -> int:

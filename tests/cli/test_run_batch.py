@@ -159,3 +159,23 @@ def test_kill_then_rerun_gives_one_line_per_request(tmp_path: Path, model: Path,
     summary = json.loads((tmp_path / "summary.json").read_text())
     committed = 0 if moment[0] == "after_rename" else 1
     assert summary["shards"]["committed_this_run"] == committed
+
+
+def test_a_file_system_error_is_one_message_and_exit_1(
+    tmp_path: Path, model: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """run-batch reports an OSError that escapes the job as `batchgen run` does: one line, exit 1."""
+    from batchgen.job import run
+
+    def no_space(*args: Any, **kwargs: Any) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(run, "run_pipeline_sync", no_space)
+    requests = tmp_path / "requests.jsonl"
+    requests.write_text(_chat("a", "Hello") + "\n", encoding="utf-8")
+    out = tmp_path / "results" / "results.jsonl"
+    code = main(["run-batch", "-i", str(requests), "-o", str(out), "--model", str(model), "--quiet", *ENGINE])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert err.strip().splitlines() == ["error: [Errno 28] No space left on device"]
+    assert not out.exists()
