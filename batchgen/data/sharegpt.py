@@ -10,6 +10,7 @@ import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 __all__ = [
     "ShareGPTPrompt",
@@ -40,16 +41,12 @@ def _read_text() -> str:
     return data.decode("utf-8", errors="replace")
 
 
-def iter_sharegpt_conversations() -> Iterator[tuple[str, list[dict[str, str]]]]:
-    """(id, messages) of every conversation in file order, as {"role", "content"} messages.
-
-    Only conversations that alternate human, gpt, human, ... and hold text in every turn are
-    kept; "human" becomes "user" and "gpt" becomes "assistant".
-    """
+def _records() -> Iterator[dict[str, Any]]:
+    """The file's conversation records, one at a time (the file is one JSON array; its packaged
+    copy ends truncated, so it is scanned record by record and the broken tail dropped)."""
     text = _read_text()
     decoder = json.JSONDecoder()
     pos = text.index("[") + 1
-    roles = ("human", "gpt")
     while True:
         while pos < len(text) and text[pos] in " \t\r\n,":
             pos += 1
@@ -59,6 +56,17 @@ def iter_sharegpt_conversations() -> Iterator[tuple[str, list[dict[str, str]]]]:
             record, pos = decoder.raw_decode(text, pos)
         except json.JSONDecodeError:
             return  # the truncated tail of the packaged file
+        yield record
+
+
+def iter_sharegpt_conversations() -> Iterator[tuple[str, list[dict[str, str]]]]:
+    """(id, messages) of every conversation in file order, as {"role", "content"} messages.
+
+    Only conversations that alternate human, gpt, human, ... and hold text in every turn are
+    kept; "human" becomes "user" and "gpt" becomes "assistant".
+    """
+    roles = ("human", "gpt")
+    for record in _records():
         turns = record.get("conversations") or []
         messages: list[dict[str, str]] = []
         for i, turn in enumerate(turns):
@@ -72,18 +80,7 @@ def iter_sharegpt_conversations() -> Iterator[tuple[str, list[dict[str, str]]]]:
 
 def iter_sharegpt_prompts(*, min_chars: int = 16, max_chars: int = 2000) -> Iterator[ShareGPTPrompt]:
     """First human turns of ShareGPT conversations, in file order, with length filters (chars)."""
-    text = _read_text()
-    decoder = json.JSONDecoder()
-    pos = text.index("[") + 1
-    while True:
-        while pos < len(text) and text[pos] in " \t\r\n,":
-            pos += 1
-        if pos >= len(text) or text[pos] == "]":
-            return
-        try:
-            record, pos = decoder.raw_decode(text, pos)
-        except json.JSONDecodeError:
-            return  # the truncated tail of the packaged file
+    for record in _records():
         turns = record.get("conversations") or []
         if not turns or turns[0].get("from") != "human":
             continue
