@@ -38,6 +38,7 @@ __all__ = [
 ]
 
 _SOURCE = Path(__file__).with_name("cpu_attention.cpp")
+_HEADERS = (Path(__file__).with_name("cpu_attention_tile.h"),)
 # No FMA contraction: the rotary embedding must round as the PyTorch path does (the attention
 # kernel writes its FMAs explicitly).
 _CFLAGS = ("-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-ffp-contract=off")
@@ -62,7 +63,7 @@ def load_cpu_kernel() -> ModuleType:
     from torch.utils.cpp_extension import load
 
     key = hashlib.sha256(
-        _SOURCE.read_bytes() + " ".join(_CFLAGS).encode() + _cpu_flags().encode() + torch.__version__.encode()
+        b"".join(p.read_bytes() for p in (_SOURCE, *_HEADERS)) + " ".join(_CFLAGS).encode() + _cpu_flags().encode() + torch.__version__.encode()
     ).hexdigest()[:12]
     module: ModuleType = load(
         name=f"batchgen_cpu_attention_{key}",

@@ -17,12 +17,14 @@ pytestmark = pytest.mark.skipif(not is_cpu_kernel_available(), reason="no C++ co
 
 # (query_lens, context_lens): decode at len 1, at a block multiple, with a partial last block;
 # prefill chunks over a prefix ending mid-block or on a boundary; plain prefill; a chunk longer
-# than one query tile (16) over a long prefix.
+# than one query tile (16) over a long prefix; one longer than the AVX-512 path's wide tile (64),
+# its last tile of 6 tokens, beside a short chunk that ends mid-span.
 CASES = {
     "mixed": ((1, 1, 1, 5, 16, 20), (0, 31, 36, 19, 16, 0)),
     "decode_only": ((1, 1, 1, 1, 1), (0, 15, 16, 70, 130)),
     "prefill_only": ((3, 17, 32), (0, 5, 0)),
     "long_chunk_over_prefix": ((40, 1), (57, 90)),
+    "chunk_over_two_wide_tiles": ((70, 3, 1), (21, 40, 47)),
 }
 HEADS = [(4, 4), (8, 2), (9, 3)]
 

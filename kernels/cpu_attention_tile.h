@@ -1,0 +1,230 @@
+// The prefill tile of the CPU paged attention with AVX-512 (included by cpu_attention.cpp).
+//
+// A prefill item has many query rows (tile tokens x the KV head's group of q heads) against the
+// same K/V blocks, so it is compute-bound, and the per-row dot products of the generic path
+// (cpu_attention.cpp, run_item) leave most of the FMA units idle. Here each block of 16 keys is
+// one 16-lane vector:
+//
+//   kt = K_block^T               [D, 16]   transposed once per block, shared by every row
+//   s_r = q_r . kt               [16]      8 rows at a time: one kt load feeds 8 FMAs
+//   online softmax per row       (mask past the row's causal limit, running max m, sum l)
+//   acc_r = acc_r * alpha_r + p_r . V_block   4 rows at a time: one V load feeds 4 FMAs
+//
+// Requires block_size == 16 and head_dim % 16 == 0 (the dispatcher falls back otherwise).
+#pragma once
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+namespace tile16 {
+
+constexpr int kRows = 12;  // query rows per score micro-tile (24 accumulators)
+
+// exp(x) for x <= 0, 16 lanes; the same polynomial as exp_neg in cpu_attention.cpp.
+inline __m512 exp_neg(__m512 x) {
+  const __m512 lo = _mm512_set1_ps(-87.0f);
+  const __mmask16 is_tiny = _mm512_cmp_ps_mask(x, lo, _CMP_LT_OQ);
+  x = _mm512_max_ps(x, lo);
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+  const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+  return _mm512_maskz_mul_ps(static_cast<__mmask16>(~is_tiny), p, _mm512_castsi512_ps(e));
+}
+
+// Scores of R rows (R <= 12) against the span's 32 keys: s[2r], s[2r + 1] = kt^T q_r. Each of
+// the D steps loads two kt vectors and broadcasts each row's q element once: 2R FMAs for R + 2
+// loads.
+template <int R>
+inline void scores(const float* const* q, const float* kt, int64_t head_dim, __m512* s) {
+  __m512 acc[2 * R];
+  for (int i = 0; i < 2 * R; ++i) acc[i] = _mm512_setzero_ps();
+  for (int64_t d = 0; d < head_dim; ++d) {
+    const __m512 k0 = _mm512_load_ps(kt + d * 32);
+    const __m512 k1 = _mm512_load_ps(kt + d * 32 + 16);
+    for (int r = 0; r < R; ++r) {
+      const __m512 qv = _mm512_set1_ps(q[r][d]);
+      acc[2 * r] = _mm512_fmadd_ps(qv, k0, acc[2 * r]);
+      acc[2 * r + 1] = _mm512_fmadd_ps(qv, k1, acc[2 * r + 1]);
+    }
+  }
+  for (int i = 0; i < 2 * R; ++i) s[i] = acc[i];
+}
+
+// acc_r[c] = acc_r[c] * alpha_r + sum_j p_r[j] v_j[c] for R rows and C 16-float columns; v_j is
+// row j of the span: the first block's rows, then the second's.
+template <int R, int C>
+inline void pv(float* const* acc, const float* alpha, const float* const* p, const float* const* vb,
+               const int64_t* counts, int64_t stride) {
+  __m512 a[R][C];
+  for (int r = 0; r < R; ++r) {
+    const __m512 va = _mm512_set1_ps(alpha[r]);
+    for (int c = 0; c < C; ++c) a[r][c] = _mm512_mul_ps(_mm512_loadu_ps(acc[r] + 16 * c), va);
+  }
+  for (int half = 0; half < 2; ++half) {
+    const float* v0 = vb[half];
+    for (int64_t j = 0; j < counts[half]; ++j) {
+      __m512 v[C];
+      for (int c = 0; c < C; ++c) v[c] = _mm512_loadu_ps(v0 + j * stride + 16 * c);
+      for (int r = 0; r < R; ++r) {
+        const __m512 pj = _mm512_set1_ps(p[r][16 * half + j]);
+        for (int c = 0; c < C; ++c) a[r][c] = _mm512_fmadd_ps(pj, v[c], a[r][c]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    for (int c = 0; c < C; ++c) _mm512_storeu_ps(acc[r] + 16 * c, a[r][c]);
+  }
+}
+
+template <int R>
+inline void pv_rows(float* const* acc, const float* alpha, const float* const* p, const float* const* vb,
+                    const int64_t* counts, int64_t stride, int64_t head_dim) {
+  for (int64_t d0 = 0; d0 < head_dim; d0 += 64) {  // up to 4 columns (64 floats) per pass
+    float* a[R];
+    for (int r = 0; r < R; ++r) a[r] = acc[r] + d0;
+    const float* v[2] = {vb[0] + d0, vb[1] + d0};
+    switch (std::min<int64_t>(4, (head_dim - d0) / 16)) {
+      case 4: pv<R, 4>(a, alpha, p, v, counts, stride); break;
+      case 3: pv<R, 3>(a, alpha, p, v, counts, stride); break;
+      case 2: pv<R, 2>(a, alpha, p, v, counts, stride); break;
+      default: pv<R, 1>(a, alpha, p, v, counts, stride); break;
+    }
+  }
+}
+
+// Asks for the cache lines of one block's rows of one KV head.
+inline void prefetch_block(const float* k, const float* v, int64_t stride, int64_t head_dim) {
+  for (int64_t j = 0; j < 16; ++j) {
+    for (int64_t d = 0; d < head_dim; d += 16) {
+      __builtin_prefetch(k + j * stride + d, 0, 3);
+      __builtin_prefetch(v + j * stride + d, 0, 3);
+    }
+  }
+}
+
+// One item: `rows` query rows (row r -> query pointer q_rows[r], causal limit pos[r], output
+// out_rows[r]) over the blocks of one KV head, two blocks (a span of 32 keys) at a time.
+// kb(b)/vb(b) give block b's first K/V row of the head; token_stride is the distance between a
+// block's consecutive tokens.
+template <class BlockK, class BlockV>
+void run(int64_t rows, const float* const* q_rows, const int64_t* pos, float* const* out_rows,
+         int64_t num_blocks, BlockK kb, BlockV vb, int64_t token_stride, int64_t head_dim, float scale,
+         std::vector<float>& scratch) {
+  constexpr int64_t B = 16, S = 32;  // keys per block, per span
+  const int64_t padded = (rows + kRows - 1) / kRows * kRows;
+  scratch.assign(16 + head_dim * S + padded * head_dim + padded * S + padded * 3, 0.f);
+  float* base = scratch.data();
+  // kt first: _mm512_load_ps needs 64-byte alignment.
+  float* kt = base + (16 - (reinterpret_cast<uintptr_t>(base) / sizeof(float)) % 16) % 16;  // [D, S]
+  float* acc = kt + head_dim * S;         // [padded, head_dim]
+  float* pbuf = acc + padded * head_dim;  // [padded, S]
+  float* m = pbuf + padded * S;
+  float* l = m + padded;
+  float* alpha = l + padded;
+  for (int64_t r = 0; r < padded; ++r) m[r] = -std::numeric_limits<float>::infinity();
+  const __m512 vscale = _mm512_set1_ps(scale);
+  const __m512 neg_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  const int64_t max_pos = *std::max_element(pos, pos + rows);
+  for (int64_t b = 0; b < num_blocks; b += 2) {
+    const int64_t first = b * B;
+    const int64_t n = std::min<int64_t>(S, max_pos + 1 - first);  // keys in this span
+    const int64_t counts[2] = {std::min<int64_t>(B, n), std::max<int64_t>(0, n - B)};
+    const float* kspan[2] = {kb(b), counts[1] > 0 ? kb(b + 1) : nullptr};
+    const float* vspan[2] = {vb(b), counts[1] > 0 ? vb(b + 1) : nullptr};
+    for (int64_t nb = b + 2; nb < std::min(b + 4, num_blocks); ++nb) {
+      prefetch_block(kb(nb), vb(nb), token_stride, head_dim);  // the next span is anywhere in the pool
+    }
+    for (int half = 0; half < 2; ++half) {
+      for (int64_t j = 0; j < counts[half]; ++j) {
+        const float* kr = kspan[half] + j * token_stride;
+        for (int64_t d = 0; d < head_dim; ++d) kt[d * S + half * B + j] = kr[d];
+      }
+    }
+    for (int64_t j = n; j < S; ++j) {
+      for (int64_t d = 0; d < head_dim; ++d) kt[d * S + j] = 0.f;
+    }
+    int64_t active = 0;  // rows with at least one visible key, gathered for the micro-tile
+    const float* q_act[kRows];
+    int64_t r_act[kRows];
+    auto flush = [&](int64_t count) {
+      __m512 s[24];
+      switch (count) {
+        case 12: scores<12>(q_act, kt, head_dim, s); break;
+        case 11: scores<11>(q_act, kt, head_dim, s); break;
+        case 10: scores<10>(q_act, kt, head_dim, s); break;
+        case 9: scores<9>(q_act, kt, head_dim, s); break;
+        case 8: scores<8>(q_act, kt, head_dim, s); break;
+        case 7: scores<7>(q_act, kt, head_dim, s); break;
+        case 6: scores<6>(q_act, kt, head_dim, s); break;
+        case 5: scores<5>(q_act, kt, head_dim, s); break;
+        case 4: scores<4>(q_act, kt, head_dim, s); break;
+        case 3: scores<3>(q_act, kt, head_dim, s); break;
+        case 2: scores<2>(q_act, kt, head_dim, s); break;
+        default: scores<1>(q_act, kt, head_dim, s); break;
+      }
+      for (int64_t i = 0; i < count; ++i) {
+        const int64_t r = r_act[i];
+        const int64_t visible = std::min<int64_t>(n, pos[r] + 1 - first);  // 1 .. 32
+        const uint32_t bits = visible >= 32 ? 0xffffffffu : (1u << visible) - 1u;
+        const __m512 s0 = _mm512_mask_mov_ps(neg_inf, static_cast<__mmask16>(bits), _mm512_mul_ps(s[2 * i], vscale));
+        const __m512 s1 = _mm512_mask_mov_ps(neg_inf, static_cast<__mmask16>(bits >> 16), _mm512_mul_ps(s[2 * i + 1], vscale));
+        const float m_new = std::max(m[r], _mm512_reduce_max_ps(_mm512_max_ps(s0, s1)));
+        alpha[r] = std::exp(m[r] - m_new);
+        const __m512 vm = _mm512_set1_ps(m_new);
+        const __m512 p0 = exp_neg(_mm512_sub_ps(s0, vm));
+        const __m512 p1 = exp_neg(_mm512_sub_ps(s1, vm));
+        _mm512_storeu_ps(pbuf + r * S, p0);
+        _mm512_storeu_ps(pbuf + r * S + B, p1);
+        l[r] = l[r] * alpha[r] + _mm512_reduce_add_ps(_mm512_add_ps(p0, p1));
+        m[r] = m_new;
+      }
+    };
+    for (int64_t r = 0; r < rows; ++r) {
+      if (pos[r] < first) {  // nothing visible: P V below leaves the row as it is
+        alpha[r] = 1.f;
+        for (int64_t j = 0; j < S; ++j) pbuf[r * S + j] = 0.f;
+        continue;
+      }
+      q_act[active] = q_rows[r];
+      r_act[active] = r;
+      if (++active == kRows) {
+        flush(kRows);
+        active = 0;
+      }
+    }
+    if (active > 0) flush(active);
+    int64_t r = 0;  // P V for every row, 4 at a time
+    for (; r + 4 <= rows; r += 4) {
+      float* a[4] = {acc + r * head_dim, acc + (r + 1) * head_dim, acc + (r + 2) * head_dim, acc + (r + 3) * head_dim};
+      const float* p[4] = {pbuf + r * S, pbuf + (r + 1) * S, pbuf + (r + 2) * S, pbuf + (r + 3) * S};
+      pv_rows<4>(a, alpha + r, p, vspan, counts, token_stride, head_dim);
+    }
+    for (; r < rows; ++r) {
+      float* a[1] = {acc + r * head_dim};
+      const float* p[1] = {pbuf + r * S};
+      pv_rows<1>(a, alpha + r, p, vspan, counts, token_stride, head_dim);
+    }
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    const float inv = l[r] > 0.f ? 1.f / l[r] : 0.f;
+    const float* a = acc + r * head_dim;
+    float* o = out_rows[r];
+    for (int64_t d = 0; d < head_dim; ++d) o[d] = a[d] * inv;
+  }
+}
+
+}  // namespace tile16
