@@ -15,12 +15,16 @@ from .dispatch import (
     rotary_embedding,
     write_kv,
 )
+from .linear_cpu import is_onednn_linear_available, linear, pack_linear_weight
 from .metadata import AttentionMetadata
 
 __all__ = [
     "AttentionMetadata",
     "Backend",
     "RmsNormOutput",
+    "is_onednn_linear_available",
+    "linear",
+    "pack_linear_weight",
     "paged_attention",
     "resolve_backend",
     "rms_norm",

@@ -15,6 +15,9 @@ import torch.nn.functional as F
 from batchgen.kernels import (
     AttentionMetadata,
     Backend,
+    is_onednn_linear_available,
+    linear,
+    pack_linear_weight,
     paged_attention,
     rms_norm,
     rotary_embedding,
@@ -121,6 +124,18 @@ class LlamaModel:
         self._cos = freqs.cos().to(device=device)
         self._sin = freqs.sin().to(device=device)
         self._scale = config.head_dim**-0.5
+        # On CPU in float32 the projections run through oneDNN with weights packed once
+        # (kernels/linear_cpu.py); the "torch" backend keeps F.linear, the reference path.
+        self.packed_linear = (
+            device.type == "cpu" and dtype == torch.float32 and attention_backend != "torch" and is_onednn_linear_available()
+        )
+        if self.packed_linear:
+            for layer in self.layers:
+                layer.qkv = pack_linear_weight(layer.qkv)
+                layer.o_proj = pack_linear_weight(layer.o_proj)
+                layer.gate_up = pack_linear_weight(layer.gate_up)
+                layer.down = pack_linear_weight(layer.down)
+            self.lm_head = pack_linear_weight(self.lm_head)  # a copy when tied: embed stays plain
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -150,7 +165,7 @@ class LlamaModel:
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches, strict=True):
             # The residual add is fused into the norm: residual <- hidden + residual.
             x, residual = rms_norm(hidden, layer.input_norm, c.rms_norm_eps, residual, backend=backend)
-            qkv = F.linear(x, layer.qkv, layer.qkv_bias)
+            qkv = linear(x, layer.qkv, layer.qkv_bias)
             q = qkv[:, :q_size].view(num_tokens, c.num_heads, c.head_dim)
             k = qkv[:, q_size : q_size + kv_size].view(num_tokens, c.num_kv_heads, c.head_dim)
             v = qkv[:, q_size + kv_size :].view(num_tokens, c.num_kv_heads, c.head_dim)
@@ -159,10 +174,10 @@ class LlamaModel:
             # admitted this step may read blocks another one fills in this same step.
             write_kv(k, v, k_cache, v_cache, meta.slot_mapping, backend=backend)
             attn = paged_attention(q, k_cache, v_cache, meta, self._scale, backend=backend)
-            hidden = F.linear(attn.reshape(num_tokens, q_size), layer.o_proj)
+            hidden = linear(attn.reshape(num_tokens, q_size), layer.o_proj)
             x, residual = rms_norm(hidden, layer.post_norm, c.rms_norm_eps, residual, backend=backend)
-            gate, up = F.linear(x, layer.gate_up).chunk(2, dim=-1)
-            hidden = F.linear(F.silu(gate) * up, layer.down)
+            gate, up = linear(x, layer.gate_up).chunk(2, dim=-1)
+            hidden = linear(F.silu(gate) * up, layer.down)
         if residual is None:
             raise RuntimeError("the model has no layers")
         last, _ = rms_norm(
@@ -172,4 +187,5 @@ class LlamaModel:
             residual.index_select(0, logits_indices),
             backend=backend,
         )
-        return F.linear(last, self.lm_head).float()
+        logits: torch.Tensor = linear(last, self.lm_head).float()
+        return logits

@@ -25,7 +25,7 @@ from batchgen.models.checkpoint import load_checkpoint
 
 # First match wins: kv_write's index_copy must be tested before attention's "aten::index".
 _CATEGORIES = (
-    ("gemm", ("aten::addmm", "aten::mm", "aten::linear", "aten::matmul", "aten::bmm")),
+    ("gemm", ("aten::addmm", "aten::mm", "aten::linear", "aten::matmul", "aten::bmm", "mkldnn::_linear_pointwise")),
     ("kv_write", ("aten::index_copy",)),
     ("norm_rope", ("batchgen::rms_norm", "batchgen::rotary", "aten::rsqrt", "aten::pow", "aten::cat")),
     ("attention", ("batchgen::", "aten::scaled_dot_product", "aten::_scaled_dot", "aten::index", "aten::index_select", "attn")),

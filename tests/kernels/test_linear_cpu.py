@@ -1,0 +1,65 @@
+"""oneDNN linear with packed weights against F.linear, and the model's choice between them."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from batchgen.kernels import is_onednn_linear_available, linear, pack_linear_weight
+from batchgen.models.checkpoint import load_checkpoint
+from batchgen.models.llama import LlamaModel
+from tests.tiny_models import make_tiny_hf_folder
+
+needs_onednn = pytest.mark.skipif(not is_onednn_linear_available(), reason="torch built without oneDNN")
+
+
+@needs_onednn
+@pytest.mark.parametrize("rows", [1, 3, 64, 257])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_packed_linear_matches_f_linear(rows: int, with_bias: bool) -> None:
+    gen = torch.Generator().manual_seed(rows)
+    weight = torch.randn(96, 40, generator=gen)
+    bias = torch.randn(96, generator=gen) if with_bias else None
+    x = torch.randn(rows, 40, generator=gen)
+    packed = pack_linear_weight(weight)
+    assert packed.is_mkldnn and not weight.is_mkldnn
+    out = linear(x, packed, bias)
+    assert out.shape == (rows, 96) and out.dtype == torch.float32 and not out.is_mkldnn
+    torch.testing.assert_close(out, F.linear(x, weight, bias), rtol=1e-5, atol=1e-5)
+
+
+@needs_onednn
+def test_packed_linear_takes_a_strided_input() -> None:
+    weight = torch.randn(16, 8)
+    x = torch.randn(10, 16)[:, ::2]  # a view with row stride 16
+    torch.testing.assert_close(linear(x, pack_linear_weight(weight)), F.linear(x, weight), rtol=1e-5, atol=1e-5)
+
+
+def test_plain_weights_take_f_linear() -> None:
+    weight, x = torch.randn(6, 4), torch.randn(3, 4)
+    assert torch.equal(linear(x, weight), F.linear(x, weight))
+
+
+@pytest.mark.parametrize("weight", [torch.randn(4, 4, dtype=torch.bfloat16), torch.randn(4)])
+def test_pack_rejects_other_dtypes_and_shapes(weight: torch.Tensor) -> None:
+    with pytest.raises(ValueError, match="2-D float32 CPU"):
+        pack_linear_weight(weight)
+
+
+@needs_onednn
+def test_model_packs_on_cpu_float32_and_the_torch_backend_keeps_the_reference(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    folder = make_tiny_hf_folder(tmp_path / "m", num_heads=4, num_kv_heads=2, head_dim=16)
+    checkpoint = load_checkpoint(str(folder))
+
+    def build(backend: str | None, dtype: torch.dtype = torch.float32) -> LlamaModel:
+        return LlamaModel(
+            checkpoint.config, checkpoint.weights, device=torch.device("cpu"), dtype=dtype,
+            max_model_len=64, attention_backend=backend,  # type: ignore[arg-type]
+        )  # fmt: skip
+
+    fast, reference = build(None), build("torch")
+    assert fast.packed_linear and fast.layers[0].qkv.is_mkldnn and fast.lm_head.is_mkldnn
+    assert not fast.embed.is_mkldnn  # the embedding lookup needs the plain (tied) matrix
+    assert not reference.packed_linear and not reference.layers[0].qkv.is_mkldnn
+    assert not build(None, torch.bfloat16).packed_linear
