@@ -17,6 +17,7 @@ no compiler is present (`is_cpu_kernel_available`). Imports torch only.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import os
@@ -87,6 +88,14 @@ def is_cpu_kernel_available() -> bool:
     return True
 
 
+def _named(name: str) -> contextlib.AbstractContextManager[object]:
+    """A named profiler range while a profiler runs; nothing otherwise (a range costs about 11 us,
+    over 1 ms a decode step at 121 calls)."""
+    if torch._C._autograd._profiler_enabled():
+        return torch.profiler.record_function(name)
+    return contextlib.nullcontext()
+
+
 def paged_attention_cpu(
     query: torch.Tensor,
     k_cache: torch.Tensor,
@@ -101,7 +110,7 @@ def paged_attention_cpu(
     """
     kernel = load_cpu_kernel()
     # A named range, so that torch.profiler shows the kernel's time (jobs/bench/profile_step.py).
-    with torch.profiler.record_function("batchgen::paged_attention_cpu"):
+    with _named("batchgen::paged_attention_cpu"):
         out: torch.Tensor = kernel.paged_attention(
             query.contiguous(), k_cache, v_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc, scale
         )
@@ -112,7 +121,7 @@ def rms_norm_cpu(
     x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(weight * h / rms(h), h) with h = x + residual (float32, CPU); see dispatch.rms_norm."""
-    with torch.profiler.record_function("batchgen::rms_norm_cpu"):
+    with _named("batchgen::rms_norm_cpu"):
         out, h = load_cpu_kernel().rms_norm(
             x.contiguous(), None if residual is None else residual.contiguous(), weight.contiguous(), eps
         )
@@ -127,5 +136,5 @@ def rotary_embedding_cpu(
     sin_cache: torch.Tensor,
 ) -> None:
     """Rotates query and key in place (float32, CPU); see dispatch.rotary_embedding."""
-    with torch.profiler.record_function("batchgen::rotary_embedding_cpu"):
+    with _named("batchgen::rotary_embedding_cpu"):
         load_cpu_kernel().rotary_embedding(positions, query, key, cos_cache.contiguous(), sin_cache.contiguous())

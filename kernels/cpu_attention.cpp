@@ -90,13 +90,16 @@ inline __m256 hsum8(const __m256* a) {
 }
 #endif
 
-// s[j] = scale * q . k_j for the first n tokens of a block (k_j = kb + j * stride).
-inline void block_scores(const float* qr, const float* kb, int64_t stride, int64_t n, int64_t head_dim,
-                         float scale, float* s) {
+// s[j] = scale * q . k_j for the first n tokens of a block (k_j = kb + j * stride); returns
+// their maximum (taken on the vectors: a scalar max loop is a 16-step dependency chain).
+inline float block_scores(const float* qr, const float* kb, int64_t stride, int64_t n, int64_t head_dim,
+                          float scale, float* s) {
   int64_t j = 0;
+  float best = -std::numeric_limits<float>::infinity();
 #if defined(__AVX2__) && defined(__FMA__)
   if (head_dim % 8 == 0) {
     // 8 tokens at a time: 8 independent FMA chains, then one transpose-and-add.
+    __m256 vbest = _mm256_set1_ps(best);
     for (; j + 8 <= n; j += 8) {
       __m256 acc[8];
       for (int t = 0; t < 8; ++t) acc[t] = _mm256_setzero_ps();
@@ -104,11 +107,20 @@ inline void block_scores(const float* qr, const float* kb, int64_t stride, int64
         const __m256 qv = _mm256_loadu_ps(qr + d);
         for (int t = 0; t < 8; ++t) acc[t] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kb + (j + t) * stride + d), acc[t]);
       }
-      _mm256_storeu_ps(s + j, _mm256_mul_ps(hsum8(acc), _mm256_set1_ps(scale)));
+      const __m256 sv = _mm256_mul_ps(hsum8(acc), _mm256_set1_ps(scale));
+      _mm256_storeu_ps(s + j, sv);
+      vbest = _mm256_max_ps(vbest, sv);
     }
+    const __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(vbest), _mm256_extractf128_ps(vbest, 1));
+    const __m128 m2 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    best = _mm_cvtss_f32(_mm_max_ss(m2, _mm_movehdup_ps(m2)));
   }
 #endif
-  for (; j < n; ++j) s[j] = dot(qr, kb + j * stride, head_dim) * scale;
+  for (; j < n; ++j) {
+    s[j] = dot(qr, kb + j * stride, head_dim) * scale;
+    best = std::max(best, s[j]);
+  }
+  return best;
 }
 
 // s[j] = exp(s[j] - m) for j < n; returns their sum.
@@ -254,9 +266,7 @@ void run_item(const Item& it, const float* q, float* out, const float* k_cache, 
       const int64_t visible = std::min(n, pos + 1 - base);  // causal limit inside this block
       float* s = scores + r * block_size;
       if (visible <= 0) continue;
-      block_scores(qr, kb, token_stride, visible, head_dim, scale, s);
-      float block_max = -std::numeric_limits<float>::infinity();
-      for (int64_t j = 0; j < visible; ++j) block_max = std::max(block_max, s[j]);
+      const float block_max = block_scores(qr, kb, token_stride, visible, head_dim, scale, s);
       const float m_new = std::max(m[r], block_max);
       const float alpha = std::exp(m[r] - m_new);
       l[r] = l[r] * alpha + block_exp(s, visible, m_new);
