@@ -13,6 +13,7 @@ from .dispatch import (
     resolve_backend,
     rms_norm,
     rotary_embedding,
+    silu_and_mul,
     write_kv,
 )
 from .linear_cpu import is_onednn_linear_available, linear, pack_linear_weight
@@ -29,5 +30,6 @@ __all__ = [
     "resolve_backend",
     "rms_norm",
     "rotary_embedding",
+    "silu_and_mul",
     "write_kv",
 ]

@@ -36,10 +36,11 @@ __all__ = [
     "paged_attention_cpu",
     "rms_norm_cpu",
     "rotary_embedding_cpu",
+    "silu_and_mul_cpu",
 ]
 
 _SOURCE = Path(__file__).with_name("cpu_attention.cpp")
-_HEADERS = (Path(__file__).with_name("cpu_attention_tile.h"),)
+_HEADERS = tuple(Path(__file__).with_name(n) for n in ("cpu_attention_tile.h", "cpu_small_ops.h"))
 # No FMA contraction: the rotary embedding must round as the PyTorch path does (the attention
 # kernel writes its FMAs explicitly).
 _CFLAGS = ("-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-ffp-contract=off")
@@ -138,3 +139,10 @@ def rotary_embedding_cpu(
     """Rotates query and key in place (float32, CPU); see dispatch.rotary_embedding."""
     with _named("batchgen::rotary_embedding_cpu"):
         load_cpu_kernel().rotary_embedding(positions, query, key, cos_cache.contiguous(), sin_cache.contiguous())
+
+
+def silu_and_mul_cpu(x: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up of a fused x = [gate | up] ([T, 2n], float32, CPU); see dispatch.silu_and_mul."""
+    with _named("batchgen::silu_and_mul_cpu"):
+        out: torch.Tensor = load_cpu_kernel().silu_and_mul(x.contiguous())
+    return out

@@ -1,5 +1,5 @@
-// Paged attention on the CPU, reading K/V in place from the block pool (float32); at the end,
-// RMSNorm and the rotary embedding, the per-layer small ops.
+// Paged attention on the CPU, reading K/V in place from the block pool (float32); the per-layer
+// small ops (RMSNorm, rotary embedding, SiLU-and-multiply) come from cpu_small_ops.h.
 //
 // One work item = (sequence, KV head, tile of up to kTileQ query tokens). Its query rows are
 // the tile's tokens times the q heads of the KV head's group (grouped-query attention shares
@@ -351,98 +351,12 @@ torch::Tensor paged_attention(torch::Tensor query, torch::Tensor k_cache, torch:
   return out;
 }
 
-// The per-layer small ops, float32: each is a dozen PyTorch ops per layer otherwise, and at
-// decode batch sizes their dispatch, not their arithmetic, is what costs.
-
-// RMSNorm with the residual add folded in: h = x + residual (x when there is none), out = weight *
-// (h * (1 / sqrt(mean(h^2) + eps))). x, residual [T, N] contiguous; returns (out, h).
-std::vector<torch::Tensor> rms_norm(torch::Tensor x, c10::optional<torch::Tensor> residual,
-                                    torch::Tensor weight, double eps) {
-  TORCH_CHECK(x.scalar_type() == torch::kFloat32 && weight.scalar_type() == torch::kFloat32,
-              "cpu rms_norm takes float32");
-  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && weight.is_contiguous(), "cpu rms_norm takes contiguous [T, N]");
-  const bool has_residual = residual.has_value();
-  if (has_residual) {
-    TORCH_CHECK(residual->scalar_type() == torch::kFloat32 && residual->is_contiguous() &&
-                    residual->sizes() == x.sizes(),
-                "residual must be float32, contiguous, shaped like x");
-  }
-  const int64_t rows = x.size(0), n = x.size(1);
-  auto h = has_residual ? torch::empty_like(x) : x;
-  auto out = torch::empty_like(x);
-  const float* xp = x.data_ptr<float>();
-  const float* rp = has_residual ? residual->data_ptr<float>() : nullptr;
-  const float* w = weight.data_ptr<float>();
-  float* hp = h.data_ptr<float>();
-  float* op = out.data_ptr<float>();
-  const float feps = static_cast<float>(eps);
-  at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) {
-      const float* src = xp + r * n;
-      if (has_residual) {
-        float* hr = hp + r * n;
-        const float* rr = rp + r * n;
-#pragma omp simd
-        for (int64_t j = 0; j < n; ++j) hr[j] = src[j] + rr[j];
-        src = hr;
-      }
-      float sum = 0.f;
-#pragma omp simd reduction(+ : sum)
-      for (int64_t j = 0; j < n; ++j) sum += src[j] * src[j];
-      const float inv = 1.f / std::sqrt(sum / static_cast<float>(n) + feps);
-      float* o = op + r * n;
-#pragma omp simd
-      for (int64_t j = 0; j < n; ++j) o[j] = w[j] * (src[j] * inv);
-    }
-  });
-  return {out, h};
-}
-
-// Rotary embedding in place ("rotate_half" form): for each head x of query [T, H, D] and key
-// [T, KVH, D] (views with a unit last stride; rows may be strided, as in a fused qkv),
-// x1, x2 = halves; x <- (x1 cos - x2 sin, x2 cos + x1 sin) with cos/sin [P, D/2] at the token's
-// position. Separate multiplies and subtractions (the build disables FMA contraction), so the
-// result is bit-identical to the PyTorch path.
-void rotary_embedding(torch::Tensor positions, torch::Tensor query, torch::Tensor key, torch::Tensor cos,
-                      torch::Tensor sin) {
-  TORCH_CHECK(query.scalar_type() == torch::kFloat32 && key.scalar_type() == torch::kFloat32 &&
-                  cos.scalar_type() == torch::kFloat32 && sin.scalar_type() == torch::kFloat32,
-              "cpu rotary_embedding takes float32");
-  TORCH_CHECK(query.stride(2) == 1 && key.stride(2) == 1 && cos.is_contiguous() && sin.is_contiguous(),
-              "cpu rotary_embedding needs a unit last stride and contiguous cos/sin");
-  auto pos = positions.to(torch::kInt64).contiguous();
-  const int64_t* pp = pos.data_ptr<int64_t>();
-  const int64_t tokens = query.size(0), half = query.size(2) / 2;
-  TORCH_CHECK(cos.size(1) == half, "cos/sin must be [max_positions, head_dim / 2]");
-  const float* cp = cos.data_ptr<float>();
-  const float* sp = sin.data_ptr<float>();
-  struct View {
-    float* base;
-    int64_t heads, token_stride, head_stride;
-  };
-  const View views[2] = {{query.data_ptr<float>(), query.size(1), query.stride(0), query.stride(1)},
-                         {key.data_ptr<float>(), key.size(1), key.stride(0), key.stride(1)}};
-  at::parallel_for(0, tokens, 16, [&](int64_t begin, int64_t end) {
-    for (int64_t t = begin; t < end; ++t) {
-      const float* c = cp + pp[t] * half;
-      const float* s = sp + pp[t] * half;
-      for (const View& v : views) {
-        for (int64_t hd = 0; hd < v.heads; ++hd) {
-          float* x = v.base + t * v.token_stride + hd * v.head_stride;
-#pragma omp simd
-          for (int64_t i = 0; i < half; ++i) {
-            const float x1 = x[i], x2 = x[i + half];
-            x[i] = x1 * c[i] - x2 * s[i];
-            x[i + half] = x2 * c[i] + x1 * s[i];
-          }
-        }
-      }
-    }
-  });
-}
+// RMSNorm, the rotary embedding and SiLU-and-multiply (they use exp_neg above).
+#include "cpu_small_ops.h"
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_attention", &paged_attention, "paged attention over the KV block pool (float32, CPU)");
   m.def("rms_norm", &rms_norm, "RMSNorm with the residual add (float32, CPU)");
   m.def("rotary_embedding", &rotary_embedding, "rotary embedding in place (float32, CPU)");
+  m.def("silu_and_mul", &silu_and_mul, "silu(gate) * up of a fused [gate | up] (float32, CPU)");
 }

@@ -2,8 +2,8 @@
 
 `backend` is "torch", "triton", "cpu" or None (None: Triton on CUDA tensors; on CPU the compiled
 kernels for float32 when they build, PyTorch for everything else). "cpu" covers attention,
-RMSNorm and the rotary embedding (float32; other dtypes take the PyTorch path); the KV write runs
-its PyTorch path there.
+RMSNorm, the rotary embedding and SiLU-and-multiply (float32; other dtypes take the PyTorch path);
+the KV write runs its PyTorch path there.
 "triton" on CPU tensors works only under the Triton interpreter (TRITON_INTERPRET=1 set before
 the first Triton call); that is how CI tests the kernels. Triton modules are imported lazily, on
 the first Triton call, so importing this package needs no triton and costs nothing on CPU.
@@ -14,12 +14,14 @@ from __future__ import annotations
 from typing import Literal, NamedTuple
 
 import torch
+import torch.nn.functional as F
 
 from .attention_cpu import (
     is_cpu_kernel_available,
     paged_attention_cpu,
     rms_norm_cpu,
     rotary_embedding_cpu,
+    silu_and_mul_cpu,
 )
 from .attention_torch import paged_attention_torch, write_kv_torch
 from .metadata import AttentionMetadata
@@ -31,6 +33,7 @@ __all__ = [
     "resolve_backend",
     "rms_norm",
     "rotary_embedding",
+    "silu_and_mul",
     "write_kv",
 ]
 
@@ -136,6 +139,16 @@ def rms_norm(
     hf = h.float()
     normed = hf * torch.rsqrt(hf.pow(2).mean(dim=-1, keepdim=True) + eps)
     return RmsNormOutput((weight * normed.to(x.dtype)).to(x.dtype), h)
+
+
+def silu_and_mul(x: torch.Tensor, *, backend: Backend | None = None) -> torch.Tensor:
+    """silu(gate) * up for the fused projection x = [gate | up] ([num_tokens, 2 * n]); returns a
+    new [num_tokens, n] tensor. The compiled CPU op for float32 on "cpu"; PyTorch otherwise
+    (CUDA included: there the two ops cost little beside the GEMMs)."""
+    if resolve_backend(backend, x.device) == "cpu" and x.dtype == torch.float32:
+        return silu_and_mul_cpu(x)
+    gate, up = x.chunk(2, dim=-1)
+    return F.silu(gate) * up
 
 
 def rotary_embedding(

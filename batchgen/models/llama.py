@@ -10,7 +10,6 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 
 from batchgen.kernels import (
     AttentionMetadata,
@@ -21,6 +20,7 @@ from batchgen.kernels import (
     paged_attention,
     rms_norm,
     rotary_embedding,
+    silu_and_mul,
     write_kv,
 )
 
@@ -176,8 +176,7 @@ class LlamaModel:
             attn = paged_attention(q, k_cache, v_cache, meta, self._scale, backend=backend)
             hidden = linear(attn.reshape(num_tokens, q_size), layer.o_proj)
             x, residual = rms_norm(hidden, layer.post_norm, c.rms_norm_eps, residual, backend=backend)
-            gate, up = linear(x, layer.gate_up).chunk(2, dim=-1)
-            hidden = linear(F.silu(gate) * up, layer.down)
+            hidden = linear(silu_and_mul(linear(x, layer.gate_up), backend=backend), layer.down)
         if residual is None:
             raise RuntimeError("the model has no layers")
         last, _ = rms_norm(

@@ -4,8 +4,8 @@ usage: PYTHONPATH=. python jobs/bench/profile_step.py [--workload multi-turn] [-
 
 Queues the workload's requests (64 by default) into an engine with default settings, steps
 until every sequence is decoding, then runs `--steps` decode steps under torch.profiler and
-prints milliseconds per step by category (GEMMs, attention, KV writes, norms and RoPE, other ops,
-sampler, host work = step wall time minus the time inside torch ops).
+prints milliseconds per step by category (GEMMs, attention, KV writes, norms and RoPE,
+SiLU-and-multiply, other ops, sampler, host work = step wall time minus the time inside torch ops).
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ _CATEGORIES = (
     ("gemm", ("aten::addmm", "aten::mm", "aten::linear", "aten::matmul", "aten::bmm", "mkldnn::_linear_pointwise")),
     ("kv_write", ("aten::index_copy",)),
     ("norm_rope", ("batchgen::rms_norm", "batchgen::rotary", "aten::rsqrt", "aten::pow", "aten::cat")),
+    ("silu_mul", ("batchgen::silu_and_mul", "aten::silu")),
     ("attention", ("batchgen::", "aten::scaled_dot_product", "aten::_scaled_dot", "aten::index", "aten::index_select", "attn")),
     ("sampler", ("aten::argmax", "aten::topk", "aten::softmax", "aten::exponential")),
 )
@@ -84,7 +85,7 @@ def main() -> None:
     ctx = sum(len(r.prompt_token_ids) for r in requests) + engine.stats().generation_tokens
     print(f"workload {args.workload}: batch {engine.scheduler.num_running}, context tokens {ctx}, "
           f"threads {torch.get_num_threads()}, step wall {wall_ms:.1f} ms")
-    for cat in ("gemm", "attention", "kv_write", "norm_rope", "sampler", "other_ops"):
+    for cat in ("gemm", "attention", "kv_write", "norm_rope", "silu_mul", "sampler", "other_ops"):
         print(f"  {cat:<10}{per_cat[cat]:>9.1f} ms  {per_cat[cat] / wall_ms:6.1%}")
     host = wall_ms - ops_ms
     print(f"  {'host':<10}{host:>9.1f} ms  {host / wall_ms:6.1%}   (step wall minus time in torch ops)")
