@@ -46,6 +46,9 @@ def test_a_non_editable_install_imports_every_layer(tmp_path: Path) -> None:
         capture_output=True, text=True, timeout=300,
     )
     assert build.returncode == 0, build.stderr
+    # The CPU kernel compiles from its sources on the user's machine: all of them must ship.
+    sources = sorted(p.name for p in (ROOT / "kernels").iterdir() if p.suffix in (".cpp", ".h"))
+    assert len(sources) >= 3 and all((target / "batchgen" / "kernels" / name).is_file() for name in sources)
     code = (
         "import batchgen, batchgen.cli, batchgen.job, batchgen.engine, batchgen.models, batchgen.tokenizer, "
         "batchgen.data, batchgen.radix, batchgen.io, batchgen.kernels, importlib.util\n"
