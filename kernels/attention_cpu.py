@@ -64,8 +64,14 @@ def load_cpu_kernel() -> ModuleType:
     """
     from torch.utils.cpp_extension import load
 
+    # The source folder is in the key too: torch rebuilds an extension whose source paths changed,
+    # so two checkouts sharing one name would rebuild it in turn (half a minute each time).
     key = hashlib.sha256(
-        b"".join(p.read_bytes() for p in (_SOURCE, *_HEADERS)) + " ".join(_CFLAGS).encode() + _cpu_flags().encode() + torch.__version__.encode()
+        b"".join(p.read_bytes() for p in (_SOURCE, *_HEADERS))
+        + " ".join(_CFLAGS).encode()
+        + _cpu_flags().encode()
+        + torch.__version__.encode()
+        + str(_SOURCE.parent.resolve()).encode()
     ).hexdigest()[:12]
     module: ModuleType = load(
         name=f"batchgen_cpu_attention_{key}",

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 
 from .attention_cpu import (
     is_cpu_kernel_available,
+    load_cpu_kernel,
     paged_attention_cpu,
     rms_norm_cpu,
     rotary_embedding_cpu,
@@ -30,6 +31,7 @@ __all__ = [
     "Backend",
     "RmsNormOutput",
     "paged_attention",
+    "prepare_backend",
     "resolve_backend",
     "rms_norm",
     "rotary_embedding",
@@ -53,6 +55,16 @@ def resolve_backend(backend: Backend | None, device: torch.device) -> Backend:
     if backend not in ("torch", "triton", "cpu"):
         raise ValueError(f"attention backend must be 'torch', 'triton' or 'cpu', got {backend!r}")
     return backend
+
+
+def prepare_backend(backend: Backend | None, device: torch.device) -> None:
+    """Build or load now what `backend` on `device` needs, so that a first step does not pay it:
+    the compiled CPU kernel (a compile of about half a minute the first time on a machine).
+
+    Raises RuntimeError for an explicit "cpu" when the kernel cannot be built.
+    """
+    if resolve_backend(backend, device) == "cpu":
+        load_cpu_kernel()
 
 
 def write_kv(

@@ -18,6 +18,7 @@ from batchgen.kernels import (
     linear,
     pack_linear_weight,
     paged_attention,
+    prepare_backend,
     rms_norm,
     rotary_embedding,
     silu_and_mul,
@@ -124,6 +125,7 @@ class LlamaModel:
         self._cos = freqs.cos().to(device=device)
         self._sin = freqs.sin().to(device=device)
         self._scale = config.head_dim**-0.5
+        prepare_backend(attention_backend, device)  # the CPU kernel's build, here, not in a first step
         # On CPU in float32 the projections run through oneDNN with weights packed once
         # (kernels/linear_cpu.py); the "torch" backend keeps F.linear, the reference path.
         self.packed_linear = (
