@@ -1,7 +1,8 @@
 """Attention over the paged KV cache and other fused ops, dispatched by device.
 
-Triton kernels run on CUDA; the PyTorch path runs everywhere else. The engine calls only the
-functions listed in `__all__`. This package imports torch (and triton lazily), nothing of batchgen.
+Triton kernels run on CUDA; on the CPU, compiled C++ kernels and oneDNN linear layers (float32),
+with the PyTorch path as the reference and the fallback. The engine calls only the functions
+listed in `__all__`. This package imports torch (and triton lazily), nothing of batchgen.
 """
 
 from __future__ import annotations

@@ -1,10 +1,11 @@
-"""Compiled CPU paged attention, RMSNorm and rotary embedding (float32): a C++ extension built
-once by torch's extension tools.
+"""Compiled CPU paged attention, RMSNorm, rotary embedding and SiLU-and-multiply (float32): a C++
+extension built once by torch's extension tools.
 
 `cpu_attention.cpp` reads K/V in place from the block pool with an online softmax, parallel
-over (sequence, KV head, query tile) on torch's own OpenMP threads; see the comments there. Its
-RMSNorm (with the residual add) and rotary embedding replace a dozen small PyTorch ops per layer
-each, whose dispatch dominates at decode batch sizes.
+over (sequence, KV head, query tile) on torch's own OpenMP threads, with an AVX-512 tile path for
+prefill chunks (`cpu_attention_tile.h`); see the comments there. The small ops of
+`cpu_small_ops.h` (RMSNorm with the residual add, rotary embedding, SiLU-and-multiply) replace
+several PyTorch ops per layer each.
 The first call compiles it with the system C++ compiler (about half a minute) into torch's
 extension cache (`TORCH_EXTENSIONS_DIR`, default ~/.cache/torch_extensions); later processes
 load the cached library in well under a second. The build is for this machine's CPU
