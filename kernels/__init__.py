@@ -7,6 +7,7 @@ listed in `__all__`. This package imports torch (and triton lazily), nothing of 
 
 from __future__ import annotations
 
+from .cpu_memory import keep_freed_memory
 from .dispatch import (
     Backend,
     RmsNormOutput,
@@ -26,6 +27,7 @@ __all__ = [
     "Backend",
     "RmsNormOutput",
     "is_onednn_linear_available",
+    "keep_freed_memory",
     "linear",
     "pack_linear_weight",
     "paged_attention",

@@ -15,8 +15,12 @@
 //
 // Prefill items (at least kMinTileRows query rows) take the AVX-512 tile path of
 // cpu_attention_tile.h where the CPU has AVX-512, block_size is 16 and head_dim a multiple of 16:
-// there the rows share each K/V block as a small GEMM. Decode items, and other CPUs, use run_item
-// below.
+// there the rows share each K/V block as a small GEMM. Other CPUs use run_item below.
+//
+// Decode sequences (one query token) run as slices of the batch sorted by block table
+// (run_decode_slice): sequences that share prefix blocks, as a multi-turn batch's do, read each
+// shared block once. With AVX-512 each block's rows go through tile16::decode_block, otherwise
+// through run_item's per-row functions.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
@@ -25,6 +29,7 @@
 #endif
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cmath>
 #include <cstdint>
@@ -45,7 +50,7 @@ constexpr int64_t kTileQWide = 64;
 constexpr int64_t kMinTileRows = 8;
 
 struct Item {
-  int64_t seq;
+  int64_t seq;      // -1: a decode slice, the sequences decode_order[q_begin, q_end)
   int64_t kv_head;
   int64_t q_begin;  // first query token of the tile, relative to the sequence's chunk
   int64_t q_end;
@@ -285,6 +290,157 @@ void run_item(const Item& it, const float* q, float* out, const float* k_cache, 
   }
 }
 
+// One KV head of a slice of decode sequences (one query token each), sorted by block table so
+// that sequences sharing prefix blocks sit next to each other. Block index b is visited for the
+// whole slice at once, and each run of sequences with the same block id at b reads that block
+// from memory once (it stays in L1 for the rest of the run): in a multi-turn batch, where later
+// turns extend earlier ones, that halves the K/V bytes read per step. Every row goes through
+// the same calls over the same blocks in the same order whatever its slice, so a sequence's
+// output is bit-identical whether or not others share its blocks (the prefix cache on or off).
+void run_decode_slice(const int64_t* seqs, int64_t count, int64_t kv_head, const float* q, float* out,
+                      const float* k_cache, const float* v_cache, const int32_t* tables, int64_t max_blocks,
+                      const int32_t* lens, const int32_t* starts, int64_t num_heads, int64_t num_kv_heads,
+                      int64_t head_dim, int64_t block_size, float scale, std::vector<float>& scratch) {
+  const int64_t group = num_heads / num_kv_heads;
+  const int64_t rows = count * group;
+  scratch.assign(rows * head_dim + block_size + rows * 2, 0.f);
+  float* acc = scratch.data();            // [rows, head_dim]; row u * group + g
+  float* scores = acc + rows * head_dim;  // [block_size], one row at a time
+  float* m = scores + block_size;
+  float* l = m + rows;
+  for (int64_t r = 0; r < rows; ++r) m[r] = -std::numeric_limits<float>::infinity();
+  const int64_t token_stride = num_kv_heads * head_dim;
+  auto num_blocks = [&](int64_t u) { return (lens[seqs[u]] + block_size - 1) / block_size; };
+  auto block_id = [&](int64_t u, int64_t b) { return static_cast<int64_t>(tables[seqs[u] * max_blocks + b]); };
+  auto block_offset = [&](int64_t id) { return (id * block_size * num_kv_heads + kv_head) * head_dim; };
+  int64_t most_blocks = 0;
+  for (int64_t u = 0; u < count; ++u) most_blocks = std::max(most_blocks, num_blocks(u));
+  for (int64_t b = 0; b < most_blocks; ++b) {
+    const int64_t base = b * block_size;
+    int64_t i = 0;
+    while (i < count && num_blocks(i) <= b) ++i;
+    while (i < count) {
+      const int64_t id = block_id(i, b);
+      int64_t j = i + 1;
+      while (j < count && num_blocks(j) > b && block_id(j, b) == id) ++j;
+      int64_t next = j;  // the next run at this block index, else the first sequence at b + 1
+      while (next < count && num_blocks(next) <= b) ++next;
+      int64_t next_id = -1;
+      if (next < count) {
+        next_id = block_id(next, b);
+      } else {
+        for (int64_t u = 0; u < count && next_id < 0; ++u) {
+          if (num_blocks(u) > b + 1) next_id = block_id(u, b + 1);
+        }
+      }
+      if (next_id >= 0) {
+        const int64_t off = block_offset(next_id);
+        prefetch_block(k_cache + off, v_cache + off, token_stride, block_size, head_dim);
+      }
+      const float* kb = k_cache + block_offset(id);
+      const float* vb = v_cache + block_offset(id);
+      for (int64_t u = i; u < j; ++u) {
+        const int64_t s = seqs[u];
+        const int64_t visible = std::min(block_size, lens[s] - base);
+        const float* q0 = q + (static_cast<int64_t>(starts[s]) * num_heads + kv_head * group) * head_dim;
+#if defined(__AVX512F__)
+        if (block_size == 16 && head_dim % 16 == 0) {
+          for (int64_t g0 = 0; g0 < group; g0 += 3) {  // up to 3 rows a call (28 registers)
+            const float* qs[3];
+            float* accs[3];
+            const int64_t r0 = u * group + g0;
+            const int64_t rows_now = std::min<int64_t>(3, group - g0);
+            for (int64_t g = 0; g < rows_now; ++g) {
+              qs[g] = q0 + (g0 + g) * head_dim;
+              accs[g] = acc + (r0 + g) * head_dim;
+            }
+            switch (rows_now) {
+              case 3: tile16::decode_block<3>(qs, kb, vb, token_stride, visible, head_dim, scale, m + r0, l + r0, accs); break;
+              case 2: tile16::decode_block<2>(qs, kb, vb, token_stride, visible, head_dim, scale, m + r0, l + r0, accs); break;
+              default: tile16::decode_block<1>(qs, kb, vb, token_stride, visible, head_dim, scale, m + r0, l + r0, accs); break;
+            }
+          }
+          continue;
+        }
+#endif
+        for (int64_t g = 0; g < group; ++g) {
+          const int64_t r = u * group + g;
+          const float* qr = q0 + g * head_dim;
+          const float block_max = block_scores(qr, kb, token_stride, visible, head_dim, scale, scores);
+          const float m_new = std::max(m[r], block_max);
+          const float alpha = std::exp(m[r] - m_new);
+          l[r] = l[r] * alpha + block_exp(scores, visible, m_new);
+          m[r] = m_new;
+          block_pv(acc + r * head_dim, alpha, scores, vb, token_stride, visible, head_dim);
+        }
+      }
+      i = next;
+    }
+  }
+  for (int64_t u = 0; u < count; ++u) {
+    for (int64_t g = 0; g < group; ++g) {
+      const int64_t r = u * group + g;
+      float* o = out + (static_cast<int64_t>(starts[seqs[u]]) * num_heads + kv_head * group + g) * head_dim;
+      const float inv = l[r] > 0.f ? 1.f / l[r] : 0.f;
+      const float* a = acc + r * head_dim;
+#pragma omp simd
+      for (int64_t d = 0; d < head_dim; ++d) o[d] = a[d] * inv;
+    }
+  }
+}
+
+// Cuts the decode sequences (sorted by block table) into slices for run_decode_slice. A cut
+// between neighbours that share no leading block costs nothing; slices costlier than `target`
+// are cut again where their neighbours share the fewest leading blocks, so that the threads
+// still get enough items to balance. Returns {begin, end, cost} of each slice, [begin, end) over
+// `order`.
+std::vector<std::array<int64_t, 3>> cut_decode_slices(const std::vector<int64_t>& order,
+                                                           const std::vector<int64_t>& shared,
+                                                           const std::vector<int64_t>& blocks,
+                                                           int64_t block_size, int64_t target) {
+  // shared[u]: leading block ids order[u] has in common with order[u - 1] (shared[0] = 0).
+  // The cost of a slice in the item unit (query tokens x keys): a decode row's key reads are
+  // about 3/5 of its time when they come from memory (measured: 56 ms hot against 140 ms cold
+  // for a batch-64 step), so a key loaded once for a run of sequences counts 3/5 once and 2/5
+  // for each sequence of the run.
+  auto cost = [&](int64_t begin, int64_t end) {
+    int64_t total = 0, loaded = 0;
+    for (int64_t u = begin; u < end; ++u) {
+      total += blocks[u];
+      loaded += blocks[u] - (u > begin ? shared[u] : 0);
+    }
+    return (2 * total + 3 * loaded) * block_size / 5;
+  };
+  std::vector<std::pair<int64_t, int64_t>> slices;
+  const int64_t n = static_cast<int64_t>(order.size());
+  for (int64_t u = 0; u < n; ++u) {
+    if (u == 0 || shared[u] == 0) slices.emplace_back(u, u + 1);
+    else slices.back().second = u + 1;
+  }
+  for (;;) {
+    int64_t worst = -1, worst_cost = target;
+    for (int64_t k = 0; k < static_cast<int64_t>(slices.size()); ++k) {
+      const auto [begin, end] = slices[k];
+      const int64_t c = cost(begin, end);
+      if (end - begin > 1 && c > worst_cost) worst = k, worst_cost = c;
+    }
+    if (worst < 0) break;
+    const auto [begin, end] = slices[worst];
+    int64_t at = begin + 1;
+    for (int64_t u = begin + 1; u < end; ++u) {
+      // fewest shared blocks; among equals the cut nearest the middle
+      const bool fewer = shared[u] < shared[at];
+      const bool nearer = shared[u] == shared[at] && std::abs(2 * u - begin - end) < std::abs(2 * at - begin - end);
+      if (fewer || nearer) at = u;
+    }
+    slices[worst] = {begin, at};
+    slices.insert(slices.begin() + worst + 1, {at, end});
+  }
+  std::vector<std::array<int64_t, 3>> out;
+  for (const auto& [begin, end] : slices) out.push_back({begin, end, cost(begin, end)});
+  return out;
+}
+
 }  // namespace
 
 // query [T, H, D], caches [num_blocks, block_size, KVH, D] (float32, contiguous),
@@ -315,15 +471,53 @@ torch::Tensor paged_attention(torch::Tensor query, torch::Tensor k_cache, torch:
 #else
   const int64_t tile_q = kTileQ;
 #endif
+  const int32_t* tables = block_tables.data_ptr<int32_t>();
+  const int64_t group = num_heads / num_kv_heads;
+#if defined(__AVX512F__)
+  // Decode items whose rows would take the tile path stay items of their own (same numerics).
+  const bool decode_in_slices = !(block_size == 16 && head_dim % 16 == 0 && group >= kMinTileRows);
+#else
+  const bool decode_in_slices = true;
+#endif
+  std::vector<int64_t> decode;  // sequences with one query token, run as slices
   for (int64_t s = 0; s < num_seqs; ++s) {
     const int64_t q_len = starts[s + 1] - starts[s];
     const int64_t context = lens[s] - q_len;
     TORCH_CHECK((lens[s] + block_size - 1) / block_size <= max_blocks, "block table too short");
+    if (q_len == 1 && decode_in_slices) {
+      decode.push_back(s);
+      continue;
+    }
     for (int64_t t0 = 0; t0 < q_len; t0 += tile_q) {
       const int64_t t1 = std::min(q_len, t0 + tile_q);
       for (int64_t h = 0; h < num_kv_heads; ++h) {
         items.push_back({s, h, t0, t1, (t1 - t0) * (context + t1)});
       }
+    }
+  }
+  const int64_t num_threads = std::max<int64_t>(1, at::get_num_threads());
+  if (!decode.empty()) {
+    auto row = [&](int64_t s) { return tables + s * max_blocks; };
+    auto blocks_of = [&](int64_t s) { return (static_cast<int64_t>(lens[s]) + block_size - 1) / block_size; };
+    std::stable_sort(decode.begin(), decode.end(), [&](int64_t a, int64_t b) {
+      return std::lexicographical_compare(row(a), row(a) + blocks_of(a), row(b), row(b) + blocks_of(b));
+    });
+    const int64_t n = static_cast<int64_t>(decode.size());
+    std::vector<int64_t> shared(n, 0), blocks(n);
+    int64_t keys = 0;
+    for (int64_t u = 0; u < n; ++u) {
+      blocks[u] = blocks_of(decode[u]);
+      keys += lens[decode[u]];
+      if (u > 0) {
+        const int64_t limit = std::min(blocks[u], blocks[u - 1]);
+        const int32_t* a = row(decode[u - 1]);
+        const int32_t* b = row(decode[u]);
+        while (shared[u] < limit && a[shared[u]] == b[shared[u]]) ++shared[u];
+      }
+    }
+    const int64_t target = std::max<int64_t>(1, keys / (4 * num_threads));
+    for (const auto& [begin, end, cost] : cut_decode_slices(decode, shared, blocks, block_size, target)) {
+      for (int64_t h = 0; h < num_kv_heads; ++h) items.push_back({-1, h, begin, end, cost});
     }
   }
   std::stable_sort(items.begin(), items.end(),
@@ -333,15 +527,20 @@ torch::Tensor paged_attention(torch::Tensor query, torch::Tensor k_cache, torch:
   float* o = out.data_ptr<float>();
   const float* kc = k_cache.data_ptr<float>();
   const float* vc = v_cache.data_ptr<float>();
-  const int32_t* tables = block_tables.data_ptr<int32_t>();
   std::atomic<int64_t> next{0};
   const int64_t num_items = static_cast<int64_t>(items.size());
-  const int64_t num_workers = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), num_items));
+  const int64_t num_workers = std::max<int64_t>(1, std::min<int64_t>(num_threads, num_items));
   at::parallel_for(0, num_workers, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> scratch;
     for (int64_t w = begin; w < end; ++w) {
       for (int64_t i = next.fetch_add(1); i < num_items; i = next.fetch_add(1)) {
         const Item& it = items[i];
+        if (it.seq < 0) {
+          run_decode_slice(decode.data() + it.q_begin, it.q_end - it.q_begin, it.kv_head, q, o, kc, vc, tables,
+                           max_blocks, lens, starts, num_heads, num_kv_heads, head_dim, block_size,
+                           static_cast<float>(scale), scratch);
+          continue;
+        }
         const int64_t s = it.seq;
         run_item(it, q, o, kc, vc, tables + s * max_blocks, lens[s], starts[s + 1] - starts[s], starts[s],
                  num_heads, num_kv_heads, head_dim, block_size, static_cast<float>(scale), scratch);

@@ -116,6 +116,103 @@ inline void prefetch_block(const float* k, const float* v, int64_t stride, int64
   }
 }
 
+// out[t] = the sum of a[t]'s 16 lanes, t < 8, as one 8-lane vector (a transpose-and-add tree:
+// 24 instructions for 8 sums).
+inline __m256 sum8(const __m512* a) {
+  __m512 b[4];
+  for (int i = 0; i < 4; ++i) {  // per 128-bit lane: a_2i[0]+a_2i[2], a_2i+1[0]+.., a_2i[1]+.., ..
+    b[i] = _mm512_add_ps(_mm512_unpacklo_ps(a[2 * i], a[2 * i + 1]), _mm512_unpackhi_ps(a[2 * i], a[2 * i + 1]));
+  }
+  __m512 c[2];
+  for (int i = 0; i < 2; ++i) {  // per 128-bit lane: the lane's sums of a_4i .. a_4i+3
+    c[i] = _mm512_add_ps(_mm512_shuffle_ps(b[2 * i], b[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                         _mm512_shuffle_ps(b[2 * i], b[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+  }
+  // lanes [c0.L0 + c0.L1, c0.L2 + c0.L3, c1.L0 + c1.L1, c1.L2 + c1.L3]
+  const __m512 d = _mm512_add_ps(_mm512_shuffle_f32x4(c[0], c[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                 _mm512_shuffle_f32x4(c[0], c[1], _MM_SHUFFLE(3, 1, 3, 1)));
+  const __m512 e = _mm512_shuffle_f32x4(d, d, _MM_SHUFFLE(3, 1, 2, 0));  // [d.L0, d.L2, d.L1, d.L3]
+  return _mm256_add_ps(_mm512_castps512_ps256(e), _mm512_extractf32x8_ps(e, 1));
+}
+
+// One block of n <= 16 keys for G <= 3 decode rows of one KV head (a sequence's q heads of the
+// group): each K and V load feeds G FMAs, and the rows' dependency chains (scores, max, exp,
+// P.V) interleave. Per row g: query q[g], running max m[g], running sum l[g], unnormalized
+// output acc[g][head_dim]. A decode row takes this path whatever rows run beside it, so its
+// output does not depend on the batch.
+template <int G>
+inline void decode_block(const float* const* q, const float* kb, const float* vb, int64_t stride, int64_t n,
+                         int64_t head_dim, float scale, float* m, float* l, float* const* acc) {
+  __m256 sums[2][G];
+  for (int half = 0; half < 2; ++half) {
+    if (8 * half >= n) {
+      for (int g = 0; g < G; ++g) sums[half][g] = _mm256_setzero_ps();  // masked below
+      continue;
+    }
+    __m512 a[G][8];
+    for (int g = 0; g < G; ++g) {
+      for (int t = 0; t < 8; ++t) a[g][t] = _mm512_setzero_ps();
+    }
+    const float* k0 = kb + 8 * half * stride;
+    for (int64_t d = 0; d < head_dim; d += 16) {
+      __m512 qv[G];
+      for (int g = 0; g < G; ++g) qv[g] = _mm512_loadu_ps(q[g] + d);
+      for (int t = 0; t < 8; ++t) {
+        const __m512 kz = _mm512_loadu_ps(k0 + t * stride + d);  // rows past n: masked below
+        for (int g = 0; g < G; ++g) a[g][t] = _mm512_fmadd_ps(qv[g], kz, a[g][t]);
+      }
+    }
+    for (int g = 0; g < G; ++g) sums[half][g] = sum8(a[g]);
+  }
+  const __mmask16 valid = n >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << n) - 1);
+  const __m512 minus_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  alignas(64) float p[G][16];
+  float alpha[G];
+  const float* p_rows[G];
+  for (int g = 0; g < G; ++g) {
+    const __m512 raw = _mm512_insertf32x8(_mm512_castps256_ps512(sums[0][g]), sums[1][g], 1);
+    const __m512 sc = _mm512_mask_blend_ps(valid, minus_inf, _mm512_mul_ps(raw, _mm512_set1_ps(scale)));
+    const float m_new = std::max(m[g], _mm512_reduce_max_ps(sc));
+    alpha[g] = std::exp(m[g] - m_new);
+    const __m512 e = exp_neg(_mm512_sub_ps(sc, _mm512_set1_ps(m_new)));
+    _mm512_store_ps(p[g], e);
+    l[g] = l[g] * alpha[g] + _mm512_reduce_add_ps(e);
+    m[g] = m_new;
+    p_rows[g] = p[g];
+  }
+  const float* v_halves[2] = {vb, vb};
+  const int64_t counts[2] = {n, 0};
+  pv_rows<G>(acc, alpha, p_rows, v_halves, counts, stride, head_dim);
+}
+
+// dst[i * dst_stride + j] = row j's element i, for 16 rows of 16 floats (rows[j] null: zeros):
+// four rounds of in-register shuffles instead of 256 scalar moves.
+inline void transpose16(const float* const* rows, float* dst, int64_t dst_stride) {
+  __m512 r[16], t[16];
+  for (int j = 0; j < 16; ++j) r[j] = rows[j] ? _mm512_loadu_ps(rows[j]) : _mm512_setzero_ps();
+  for (int j = 0; j < 16; j += 2) {  // interleave pairs of rows, 32-bit
+    t[j] = _mm512_unpacklo_ps(r[j], r[j + 1]);
+    t[j + 1] = _mm512_unpackhi_ps(r[j], r[j + 1]);
+  }
+  for (int j = 0; j < 16; j += 4) {  // then 64-bit: each 128-bit lane holds 4 rows' element
+    r[j] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t[j]), _mm512_castps_pd(t[j + 2])));
+    r[j + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t[j]), _mm512_castps_pd(t[j + 2])));
+    r[j + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t[j + 1]), _mm512_castps_pd(t[j + 3])));
+    r[j + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t[j + 1]), _mm512_castps_pd(t[j + 3])));
+  }
+  for (int j = 0; j < 4; ++j) {  // then 128-bit lanes across groups of rows 0-3/4-7, 8-11/12-15
+    t[j] = _mm512_shuffle_f32x4(r[j], r[j + 4], _MM_SHUFFLE(2, 0, 2, 0));
+    t[j + 4] = _mm512_shuffle_f32x4(r[j], r[j + 4], _MM_SHUFFLE(3, 1, 3, 1));
+    t[j + 8] = _mm512_shuffle_f32x4(r[j + 8], r[j + 12], _MM_SHUFFLE(2, 0, 2, 0));
+    t[j + 12] = _mm512_shuffle_f32x4(r[j + 8], r[j + 12], _MM_SHUFFLE(3, 1, 3, 1));
+  }
+  for (int j = 0; j < 8; ++j) {  // and across rows 0-7 / 8-15
+    r[j] = _mm512_shuffle_f32x4(t[j], t[j + 8], _MM_SHUFFLE(2, 0, 2, 0));
+    r[j + 8] = _mm512_shuffle_f32x4(t[j], t[j + 8], _MM_SHUFFLE(3, 1, 3, 1));
+  }
+  for (int k = 0; k < 16; ++k) _mm512_store_ps(dst + k * dst_stride, r[k]);  // r[k]: element k of rows 0..15
+}
+
 // One item: `rows` query rows (row r -> query pointer q_rows[r], causal limit pos[r], output
 // out_rows[r]) over the blocks of one KV head, two blocks (a span of 32 keys) at a time.
 // kb(b)/vb(b) give block b's first K/V row of the head; token_stride is the distance between a
@@ -148,14 +245,12 @@ void run(int64_t rows, const float* const* q_rows, const int64_t* pos, float* co
     for (int64_t nb = b + 2; nb < std::min(b + 4, num_blocks); ++nb) {
       prefetch_block(kb(nb), vb(nb), token_stride, head_dim);  // the next span is anywhere in the pool
     }
-    for (int half = 0; half < 2; ++half) {
-      for (int64_t j = 0; j < counts[half]; ++j) {
-        const float* kr = kspan[half] + j * token_stride;
-        for (int64_t d = 0; d < head_dim; ++d) kt[d * S + half * B + j] = kr[d];
+    for (int half = 0; half < 2; ++half) {  // kt[d, half * 16 + j] = K row j's d; zeros past n
+      for (int64_t d0 = 0; d0 < head_dim; d0 += 16) {
+        const float* krows[16];
+        for (int64_t j = 0; j < B; ++j) krows[j] = j < counts[half] ? kspan[half] + j * token_stride + d0 : nullptr;
+        transpose16(krows, kt + d0 * S + half * B, S);
       }
-    }
-    for (int64_t j = n; j < S; ++j) {
-      for (int64_t d = 0; d < head_dim; ++d) kt[d * S + j] = 0.f;
     }
     int64_t active = 0;  // rows with at least one visible key, gathered for the micro-tile
     const float* q_act[kRows];

@@ -15,6 +15,7 @@ from batchgen.kernels import (
     AttentionMetadata,
     Backend,
     is_onednn_linear_available,
+    keep_freed_memory,
     linear,
     pack_linear_weight,
     paged_attention,
@@ -126,6 +127,8 @@ class LlamaModel:
         self._sin = freqs.sin().to(device=device)
         self._scale = config.head_dim**-0.5
         prepare_backend(attention_backend, device)  # the CPU kernel's build, here, not in a first step
+        if device.type == "cpu":
+            keep_freed_memory()  # each layer's large activations reuse freed heap, not fresh pages
         # On CPU in float32 the projections run through oneDNN with weights packed once
         # (kernels/linear_cpu.py); the "torch" backend keeps F.linear, the reference path.
         self.packed_linear = (

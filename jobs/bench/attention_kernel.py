@@ -5,7 +5,8 @@ usage: PYTHONPATH=. python jobs/bench/attention_kernel.py [--threads 2]
 decode: 30 layers (one KV pool each) of one decode step at batch 64, 100-1,300 context tokens a
 sequence, blocks scattered through a 5,825-block pool as in a long run; prints ms per step and
 the K/V bytes read per second (the step is memory-bound: compare with the machine's streaming
-rate, printed too). prefill: chunks over a cached prefix, one layer; ms and GFLOP/s for the
+rate, printed too); then the same batch shaped as multi-turn requests, whose tables share their
+leading blocks. prefill: chunks over a cached prefix, one layer; ms and GFLOP/s for the
 compiled kernel and the PyTorch path.
 """
 
@@ -45,6 +46,36 @@ def _metadata(query_lens: list[int], seq_lens: list[int], gen: torch.Generator) 
         max_query_len=max(query_lens),
         max_seq_len=max(seq_lens),
     )
+
+
+def _multi_turn_metadata(gen: torch.Generator) -> tuple[AttentionMetadata, int]:
+    """64 decode rows, 16 conversations of 4 turns: turn k's table starts with turn k - 1's prompt
+    blocks (its context less the 128 tokens it generated); returns it and the distinct blocks."""
+    perm = iter(torch.randperm(NUM_BLOCKS, generator=gen).tolist())
+    tables: list[list[int]] = []
+    seq_lens: list[int] = []
+    for _ in range(16):
+        lens = sorted(torch.randint(300, 1300, (4,), generator=gen).tolist())
+        previous: list[int] = []
+        for k, n in enumerate(lens):
+            shared = previous[: max(0, lens[k - 1] - 128) // BLOCK] if k else []
+            table = shared + [next(perm) for _ in range((n + BLOCK - 1) // BLOCK - len(shared))]
+            tables.append(table)
+            seq_lens.append(n)
+            previous = table
+    width = max(len(t) for t in tables)
+    starts = torch.arange(65, dtype=torch.int32)
+    meta = AttentionMetadata(
+        query_start_loc=starts,
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
+        block_tables=torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32),
+        slot_mapping=torch.zeros(64, dtype=torch.int64),
+        query_lens_host=(1,) * 64,
+        seq_lens_host=tuple(seq_lens),
+        max_query_len=1,
+        max_seq_len=max(seq_lens),
+    )
+    return meta, len({b for t in tables for b in t})
 
 
 def _pool() -> tuple[torch.Tensor, torch.Tensor]:
@@ -88,6 +119,23 @@ def main() -> None:
     print(
         f"decode, batch 64, {sum(seq_lens)} context tokens, {LAYERS} layers: kernel {secs * 1e3:.1f} ms "
         f"({gb:.2f} GB of K/V, {gb / secs:.1f} GB/s)"
+    )
+
+    # The same step as a multi-turn batch has it: 16 conversations of 4 requests, each request
+    # the history so far, so request k shares its leading blocks (the previous request's prompt)
+    # with request k - 1 in the pool.
+    shared_meta, loaded = _multi_turn_metadata(gen)
+    shared_lens = list(shared_meta.seq_lens_host)
+
+    def shared_step() -> None:
+        for k_cache, v_cache in pools:
+            paged_attention_cpu(query, k_cache, v_cache, shared_meta, scale)
+
+    secs = _best_of(shared_step)
+    blocks = sum((n + BLOCK - 1) // BLOCK for n in shared_lens)
+    print(
+        f"decode, batch 64, {sum(shared_lens)} context tokens in {blocks} blocks of which {loaded} distinct "
+        f"(multi-turn sharing), {LAYERS} layers: kernel {secs * 1e3:.1f} ms"
     )
 
     k_cache, v_cache = _pool()

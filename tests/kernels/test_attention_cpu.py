@@ -5,13 +5,15 @@ The first test in a fresh environment builds the extension (tens of seconds, the
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
 from batchgen.kernels import paged_attention
 from batchgen.kernels.attention_cpu import is_cpu_kernel_available
 
-from .attention_cases import make_batch, max_error, naive_attention
+from .attention_cases import Batch, make_batch, max_error, naive_attention
 
 pytestmark = pytest.mark.skipif(not is_cpu_kernel_available(), reason="no C++ compiler for the CPU kernel")
 
@@ -75,3 +77,60 @@ def test_cpu_kernel_rejects_other_dtypes() -> None:
                        device=torch.device("cpu"))  # fmt: skip
     with pytest.raises(RuntimeError, match="float32"):
         paged_attention(batch.query, batch.k_cache, batch.v_cache, batch.meta, batch.scale, backend="cpu")
+
+
+def _shared_prefix_decode_batch(num_heads: int, num_kv_heads: int, head_dim: int, block_size: int) -> Batch:
+    """Decode rows whose block tables share leading blocks, as a multi-turn batch's do: 0-4 share
+    their first two blocks, 1-3 their first four, 1-2 six (a tree); 5 and 6 share one; 7 holds
+    0's first block at another index (shared, but not as a prefix); 8 and 9 share nothing."""
+    context_lens = (70, 100, 110, 75, 33, 40, 20, 50, 9, 64)
+    batch = make_batch((1,) * len(context_lens), context_lens, num_heads=num_heads,
+                       num_kv_heads=num_kv_heads, head_dim=head_dim, block_size=block_size,
+                       device=torch.device("cpu"))  # fmt: skip
+    tables = batch.meta.block_tables
+    tables[1:5, :2] = tables[0, :2]
+    tables[2:4, 2:4] = tables[1, 2:4]
+    tables[2, 4:6] = tables[1, 4:6]
+    tables[6, :1] = tables[5, :1]
+    tables[7, 2] = tables[0, 0]
+    return batch
+
+
+@pytest.mark.parametrize(("num_heads", "num_kv_heads"), HEADS)
+@pytest.mark.parametrize("block_size", [16, 8])
+def test_decode_over_shared_blocks_matches_reference(num_heads: int, num_kv_heads: int, block_size: int) -> None:
+    """Decode rows that share blocks are run together, each shared block read once for them."""
+    batch = _shared_prefix_decode_batch(num_heads, num_kv_heads, 64, block_size)
+    args = (batch.query, batch.k_cache, batch.v_cache, batch.meta, batch.scale)
+    out = paged_attention(*args, backend="cpu")
+    assert max_error(out, paged_attention(*args, backend="torch")) < 2e-5
+    assert max_error(out, naive_attention(batch)) < 2e-5
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_decode_row_is_bit_identical_with_or_without_sharing(threads: int) -> None:
+    """A decode row's output must not depend on which other rows share its blocks (the prefix
+    cache on or off must give the same tokens): each row run alone gives the same bits."""
+    batch = _shared_prefix_decode_batch(9, 3, 64, 16)
+    meta = batch.meta
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads)
+        together = paged_attention(batch.query, batch.k_cache, batch.v_cache, meta, batch.scale, backend="cpu")
+        for s, seq_len in enumerate(meta.seq_lens_host):
+            alone = dataclasses.replace(
+                meta,
+                query_start_loc=torch.tensor([0, 1], dtype=torch.int32),
+                seq_lens=meta.seq_lens[s : s + 1],
+                block_tables=meta.block_tables[s : s + 1].contiguous(),
+                slot_mapping=meta.slot_mapping[s : s + 1],
+                query_lens_host=(1,),
+                seq_lens_host=(seq_len,),
+                max_query_len=1,
+                max_seq_len=seq_len,
+            )
+            row = paged_attention(batch.query[s : s + 1], batch.k_cache, batch.v_cache, alone, batch.scale,
+                                  backend="cpu")  # fmt: skip
+            assert torch.equal(row[0], together[s]), f"row {s}"
+    finally:
+        torch.set_num_threads(before)
