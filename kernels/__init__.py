@@ -11,6 +11,7 @@ from .cpu_memory import keep_freed_memory
 from .dispatch import (
     Backend,
     RmsNormOutput,
+    argmax,
     paged_attention,
     prepare_backend,
     resolve_backend,
@@ -26,6 +27,7 @@ __all__ = [
     "AttentionMetadata",
     "Backend",
     "RmsNormOutput",
+    "argmax",
     "is_onednn_linear_available",
     "keep_freed_memory",
     "linear",

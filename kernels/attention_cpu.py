@@ -153,3 +153,15 @@ def silu_and_mul_cpu(x: torch.Tensor) -> torch.Tensor:
     with _named("batchgen::silu_and_mul_cpu"):
         out: torch.Tensor = load_cpu_kernel().silu_and_mul(x.contiguous())
     return out
+
+
+def is_cpu_kernel_loaded() -> bool:
+    """True once this process has built or loaded the extension (never starts a build)."""
+    return load_cpu_kernel.cache_info().currsize > 0
+
+
+def argmax_cpu(x: torch.Tensor) -> torch.Tensor:
+    """torch.argmax(x, dim=-1) of a non-empty [T, V] (float32, CPU), int64 [T]; see dispatch.argmax."""
+    with _named("batchgen::argmax_cpu"):
+        out: torch.Tensor = load_cpu_kernel().argmax_rows(x.contiguous())
+    return out

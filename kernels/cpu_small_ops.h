@@ -125,3 +125,47 @@ torch::Tensor silu_and_mul(torch::Tensor x) {
   });
   return out;
 }
+
+// Index of each row's largest value, as torch.argmax(x, dim=-1): the first one on ties, the first
+// NaN where a row has one. x [T, V] contiguous; returns int64 [T]. torch's CPU argmax keeps an
+// index beside every comparison and runs at about 4 GB/s (3 ms for a decode step's [64, 49152]
+// logits); this takes the row's maximum with vector max, then finds its first position.
+torch::Tensor argmax_rows(torch::Tensor x) {
+  TORCH_CHECK(x.scalar_type() == torch::kFloat32, "cpu argmax takes float32");
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.size(1) > 0, "cpu argmax takes a contiguous, non-empty [T, V]");
+  const int64_t rows = x.size(0), n = x.size(1);
+  auto out = torch::empty({rows}, x.options().dtype(torch::kInt64));
+  const float* xp = x.data_ptr<float>();
+  int64_t* op = out.data_ptr<int64_t>();
+  at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const float* p = xp + r * n;
+      int64_t j = 0;
+      float best = -std::numeric_limits<float>::infinity();
+      bool has_nan = false;
+#if defined(__AVX512F__)
+      __m512 vbest = _mm512_set1_ps(best);
+      __mmask16 nan_lanes = 0;
+      for (; j + 16 <= n; j += 16) {
+        const __m512 v = _mm512_loadu_ps(p + j);
+        nan_lanes |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+        vbest = _mm512_max_ps(vbest, v);
+      }
+      best = _mm512_reduce_max_ps(vbest);
+      has_nan = nan_lanes != 0;
+#endif
+      for (; j < n; ++j) {
+        has_nan = has_nan || std::isnan(p[j]);
+        best = std::max(best, p[j]);
+      }
+      int64_t at = 0;
+      if (has_nan) {
+        while (!std::isnan(p[at])) ++at;
+      } else {
+        while (p[at] != best) ++at;  // best is one of the row's values
+      }
+      op[r] = at;
+    }
+  });
+  return out;
+}

@@ -17,7 +17,9 @@ import torch
 import torch.nn.functional as F
 
 from .attention_cpu import (
+    argmax_cpu,
     is_cpu_kernel_available,
+    is_cpu_kernel_loaded,
     load_cpu_kernel,
     paged_attention_cpu,
     rms_norm_cpu,
@@ -30,6 +32,7 @@ from .metadata import AttentionMetadata
 __all__ = [
     "Backend",
     "RmsNormOutput",
+    "argmax",
     "paged_attention",
     "prepare_backend",
     "resolve_backend",
@@ -151,6 +154,17 @@ def rms_norm(
     hf = h.float()
     normed = hf * torch.rsqrt(hf.pow(2).mean(dim=-1, keepdim=True) + eps)
     return RmsNormOutput((weight * normed.to(x.dtype)).to(x.dtype), h)
+
+
+def argmax(x: torch.Tensor) -> torch.Tensor:
+    """torch.argmax(x, dim=-1) of a 2-D x (first index on ties, a NaN wins), int64.
+
+    The compiled CPU op for float32 once this process has loaded the CPU kernel (a CPU model
+    with the compiled backend loads it when it is built); this never starts a build.
+    """
+    if x.device.type == "cpu" and x.dtype == torch.float32 and x.dim() == 2 and x.shape[1] > 0 and is_cpu_kernel_loaded():
+        return argmax_cpu(x)
+    return torch.argmax(x, dim=-1)
 
 
 def silu_and_mul(x: torch.Tensor, *, backend: Backend | None = None) -> torch.Tensor:

@@ -14,6 +14,7 @@ import torch
 
 from batchgen.engine.sampling_params import SamplingParams
 from batchgen.engine.seeding import derive_seed
+from batchgen.kernels import argmax
 
 __all__ = ["SampleRequest", "SampleResult", "sample"]
 
@@ -89,10 +90,10 @@ def sample(logits: torch.Tensor, requests: Sequence[SampleRequest]) -> SampleRes
     tokens = [0] * len(requests)
     greedy = [i for i, r in enumerate(requests) if r.params.is_greedy]
     if len(greedy) == len(requests) and [r.row for r in requests] == list(range(logits.shape[0])):
-        tokens = [int(t) for t in torch.argmax(logits, dim=-1).tolist()]  # the usual case: no gather
+        tokens = [int(t) for t in argmax(logits).tolist()]  # the usual case: no gather
     elif greedy:
         rows = torch.tensor([requests[i].row for i in greedy], device=logits.device)
-        picked = torch.argmax(logits.index_select(0, rows), dim=-1).tolist()
+        picked = argmax(logits.index_select(0, rows)).tolist()
         for i, token in zip(greedy, picked, strict=True):
             tokens[i] = int(token)
     sampled = [i for i, r in enumerate(requests) if not r.params.is_greedy]
