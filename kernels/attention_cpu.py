@@ -165,3 +165,11 @@ def argmax_cpu(x: torch.Tensor) -> torch.Tensor:
     with _named("batchgen::argmax_cpu"):
         out: torch.Tensor = load_cpu_kernel().argmax_rows(x.contiguous())
     return out
+
+
+def write_kv_cpu(
+    key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor
+) -> None:
+    """Stores each token's K/V at its pool slot, skipping -1 (float32, CPU); see dispatch.write_kv."""
+    with _named("batchgen::write_kv_cpu"):
+        load_cpu_kernel().write_kv(key, value, k_cache, v_cache, slot_mapping.long())

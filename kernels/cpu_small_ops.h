@@ -169,3 +169,40 @@ torch::Tensor argmax_rows(torch::Tensor x) {
   });
   return out;
 }
+
+// k_cache/v_cache [num_blocks, block_size, KVH, D] (contiguous): the row at slot s (block s /
+// block_size, offset s % block_size) <- key/value [T, KVH, D] token t, s = slot_mapping[t]
+// (int64); slot -1 (a padding token) is skipped, as the Triton path does. key/value may be
+// views into a fused qkv (unit last stride, rows strided). One call instead of two index_copy_,
+// whose setup costs about 40 us each: 2.3 ms of a 30-layer decode step.
+void write_kv(torch::Tensor key, torch::Tensor value, torch::Tensor k_cache, torch::Tensor v_cache,
+              torch::Tensor slot_mapping) {
+  TORCH_CHECK(key.scalar_type() == torch::kFloat32 && value.scalar_type() == torch::kFloat32 &&
+                  k_cache.scalar_type() == torch::kFloat32 && v_cache.scalar_type() == torch::kFloat32,
+              "cpu write_kv takes float32");
+  TORCH_CHECK(slot_mapping.scalar_type() == torch::kInt64 && slot_mapping.is_contiguous(),
+              "slot_mapping must be contiguous int64");
+  TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous() && k_cache.sizes() == v_cache.sizes(),
+              "the caches must be contiguous and of one shape");
+  TORCH_CHECK(key.dim() == 3 && key.sizes() == value.sizes() && key.stride(2) == 1 && value.stride(2) == 1 &&
+                  key.stride(1) == key.size(2) && value.stride(1) == value.size(2),
+              "key/value must be [T, KVH, D] with contiguous heads");
+  const int64_t tokens = key.size(0), row = key.size(1) * key.size(2);
+  TORCH_CHECK(k_cache.size(2) * k_cache.size(3) == row, "key/value heads do not match the caches");
+  TORCH_CHECK(slot_mapping.size(0) == tokens, "one slot per token");
+  const int64_t num_slots = k_cache.size(0) * k_cache.size(1);
+  const int64_t* slots = slot_mapping.data_ptr<int64_t>();
+  for (int64_t t = 0; t < tokens; ++t) {
+    TORCH_CHECK(slots[t] >= -1 && slots[t] < num_slots, "slot ", slots[t], " is outside the pool of ", num_slots);
+  }
+  const float* kp = key.data_ptr<float>();
+  const float* vp = value.data_ptr<float>();
+  float* kc = k_cache.data_ptr<float>();
+  float* vc = v_cache.data_ptr<float>();
+  const int64_t ks = key.stride(0), vs = value.stride(0);
+  for (int64_t t = 0; t < tokens; ++t) {
+    if (slots[t] < 0) continue;
+    std::copy(kp + t * ks, kp + t * ks + row, kc + slots[t] * row);
+    std::copy(vp + t * vs, vp + t * vs + row, vc + slots[t] * row);
+  }
+}

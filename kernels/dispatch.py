@@ -25,6 +25,7 @@ from .attention_cpu import (
     rms_norm_cpu,
     rotary_embedding_cpu,
     silu_and_mul_cpu,
+    write_kv_cpu,
 )
 from .attention_torch import paged_attention_torch, write_kv_torch
 from .metadata import AttentionMetadata
@@ -81,13 +82,17 @@ def write_kv(
 ) -> None:
     """Write the step's K/V ([num_tokens, num_kv_heads, head_dim]) into the pool at slot_mapping.
 
-    Mutates k_cache/v_cache. Triton skips slot -1 (padding tokens); the PyTorch path needs every
-    slot valid (index_copy_ raises IndexError on -1).
+    Mutates k_cache/v_cache. Triton and the compiled CPU op (float32) skip slot -1 (padding
+    tokens); the PyTorch path needs every slot valid (index_copy_ raises IndexError on -1).
     """
-    if resolve_backend(backend, key.device) == "triton":
+    resolved = resolve_backend(backend, key.device)
+    if resolved == "triton":
         from .triton_kv import write_kv_triton  # lazy: triton may be missing, and costs on CPU
 
         write_kv_triton(key, value, k_cache, v_cache, slot_mapping)
+        return
+    if resolved == "cpu" and _all_float32(key, value, k_cache, v_cache):
+        write_kv_cpu(key, value, k_cache, v_cache, slot_mapping)
         return
     write_kv_torch(key, value, k_cache, v_cache, slot_mapping)
 
