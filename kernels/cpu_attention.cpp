@@ -198,6 +198,18 @@ inline void block_pv(float* a, float alpha, const float* p, const float* vb, int
   }
 }
 
+// One row's online-softmax step over the first `visible` keys of a block: scores into s, then
+// running max m, running sum l and the unnormalized output acc updated.
+inline void row_block(const float* qr, const float* kb, const float* vb, int64_t stride, int64_t visible,
+                      int64_t head_dim, float scale, float* s, float& m, float& l, float* acc) {
+  const float block_max = block_scores(qr, kb, stride, visible, head_dim, scale, s);
+  const float m_new = std::max(m, block_max);
+  const float alpha = std::exp(m - m_new);
+  l = l * alpha + block_exp(s, visible, m_new);
+  m = m_new;
+  block_pv(acc, alpha, s, vb, stride, visible, head_dim);
+}
+
 // Asks for the cache lines of one block's K and V rows of one KV head (n tokens, stride apart).
 inline void prefetch_block(const float* kb, const float* vb, int64_t stride, int64_t n, int64_t head_dim) {
   for (int64_t j = 0; j < n; ++j) {
@@ -271,12 +283,7 @@ void run_item(const Item& it, const float* q, float* out, const float* k_cache, 
       const int64_t visible = std::min(n, pos + 1 - base);  // causal limit inside this block
       float* s = scores + r * block_size;
       if (visible <= 0) continue;
-      const float block_max = block_scores(qr, kb, token_stride, visible, head_dim, scale, s);
-      const float m_new = std::max(m[r], block_max);
-      const float alpha = std::exp(m[r] - m_new);
-      l[r] = l[r] * alpha + block_exp(s, visible, m_new);
-      m[r] = m_new;
-      block_pv(acc + r * head_dim, alpha, s, vb, token_stride, visible, head_dim);
+      row_block(qr, kb, vb, token_stride, visible, head_dim, scale, s, m[r], l[r], acc + r * head_dim);
     }
   }
   for (int64_t r = 0; r < rows; ++r) {
@@ -365,13 +372,8 @@ void run_decode_slice(const int64_t* seqs, int64_t count, int64_t kv_head, const
 #endif
         for (int64_t g = 0; g < group; ++g) {
           const int64_t r = u * group + g;
-          const float* qr = q0 + g * head_dim;
-          const float block_max = block_scores(qr, kb, token_stride, visible, head_dim, scale, scores);
-          const float m_new = std::max(m[r], block_max);
-          const float alpha = std::exp(m[r] - m_new);
-          l[r] = l[r] * alpha + block_exp(scores, visible, m_new);
-          m[r] = m_new;
-          block_pv(acc + r * head_dim, alpha, scores, vb, token_stride, visible, head_dim);
+          row_block(q0 + g * head_dim, kb, vb, token_stride, visible, head_dim, scale, scores, m[r], l[r],
+                    acc + r * head_dim);
         }
       }
       i = next;
