@@ -23,14 +23,15 @@ from batchgen.engine.llm_engine import LLMEngine
 from batchgen.engine.sampling_params import SamplingParams
 from batchgen.models.checkpoint import load_checkpoint
 
-# First match wins: kv_write's index_copy must be tested before attention's "aten::index".
+# First match wins: kv_write's index_copy must be tested before attention's "aten::index", and the
+# named batchgen ops before attention's "batchgen::".
 _CATEGORIES = (
     ("gemm", ("aten::addmm", "aten::mm", "aten::linear", "aten::matmul", "aten::bmm", "mkldnn::_linear_pointwise")),
-    ("kv_write", ("aten::index_copy",)),
+    ("kv_write", ("aten::index_copy", "batchgen::write_kv")),
     ("norm_rope", ("batchgen::rms_norm", "batchgen::rotary", "aten::rsqrt", "aten::pow", "aten::cat")),
     ("silu_mul", ("batchgen::silu_and_mul", "aten::silu")),
+    ("sampler", ("aten::argmax", "batchgen::argmax", "aten::topk", "aten::softmax", "aten::exponential")),
     ("attention", ("batchgen::", "aten::scaled_dot_product", "aten::_scaled_dot", "aten::index", "aten::index_select", "attn")),
-    ("sampler", ("aten::argmax", "aten::topk", "aten::softmax", "aten::exponential")),
 )
 
 
