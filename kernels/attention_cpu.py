@@ -1,11 +1,12 @@
-"""Compiled CPU paged attention, RMSNorm, rotary embedding and SiLU-and-multiply (float32): a C++
-extension built once by torch's extension tools.
+"""Compiled CPU paged attention, RMSNorm, rotary embedding, SiLU-and-multiply, KV write and argmax
+(float32): a C++ extension built once by torch's extension tools.
 
 `cpu_attention.cpp` reads K/V in place from the block pool with an online softmax, parallel
 over (sequence, KV head, query tile) on torch's own OpenMP threads, with an AVX-512 tile path for
-prefill chunks (`cpu_attention_tile.h`); see the comments there. The small ops of
-`cpu_small_ops.h` (RMSNorm with the residual add, rotary embedding, SiLU-and-multiply) replace
-several PyTorch ops per layer each.
+prefill chunks (`cpu_attention_tile.h`) and decode rows in slices that read shared blocks once;
+see the comments there. The small ops of `cpu_small_ops.h` (RMSNorm with the residual add,
+rotary embedding, SiLU-and-multiply, KV write, argmax) each replace one or more PyTorch ops whose
+per-call cost dominates at decode sizes.
 The first call compiles it with the system C++ compiler (about half a minute) into torch's
 extension cache (`TORCH_EXTENSIONS_DIR`, default ~/.cache/torch_extensions); later processes
 load the cached library in well under a second. The build is for this machine's CPU
