@@ -50,7 +50,7 @@ constexpr int64_t kTileQWide = 64;
 constexpr int64_t kMinTileRows = 8;
 
 struct Item {
-  int64_t seq;      // -1: a decode slice, the sequences decode_order[q_begin, q_end)
+  int64_t seq;      // -1: a decode slice, the sequences decode[q_begin, q_end) in paged_attention
   int64_t kv_head;
   int64_t q_begin;  // first query token of the tile, relative to the sequence's chunk
   int64_t q_end;
@@ -391,16 +391,15 @@ void run_decode_slice(const int64_t* seqs, int64_t count, int64_t kv_head, const
   }
 }
 
-// Cuts the decode sequences (sorted by block table) into slices for run_decode_slice. A cut
-// between neighbours that share no leading block costs nothing; slices costlier than `target`
-// are cut again where their neighbours share the fewest leading blocks, so that the threads
-// still get enough items to balance. Returns {begin, end, cost} of each slice, [begin, end) over
-// `order`.
-std::vector<std::array<int64_t, 3>> cut_decode_slices(const std::vector<int64_t>& order,
-                                                           const std::vector<int64_t>& shared,
-                                                           const std::vector<int64_t>& blocks,
-                                                           int64_t block_size, int64_t target) {
-  // shared[u]: leading block ids order[u] has in common with order[u - 1] (shared[0] = 0).
+// Cuts the decode sequences (sorted by block table; blocks[u] is the u-th one's block count,
+// shared[u] the leading block ids it has in common with the (u - 1)-th, shared[0] = 0) into
+// slices for run_decode_slice. A cut between neighbours that share no leading block costs
+// nothing; slices costlier than `target` are cut again where their neighbours share the fewest
+// leading blocks, so that the threads still get enough items to balance. Returns {begin, end,
+// cost} of each slice, [begin, end) in the sorted order.
+std::vector<std::array<int64_t, 3>> cut_decode_slices(const std::vector<int64_t>& shared,
+                                                      const std::vector<int64_t>& blocks, int64_t block_size,
+                                                      int64_t target) {
   // The cost of a slice in the item unit (query tokens x keys): a decode row's key reads are
   // about 3/5 of its time when they come from memory (measured: 56 ms hot against 140 ms cold
   // for a batch-64 step), so a key loaded once for a run of sequences counts 3/5 once and 2/5
@@ -414,7 +413,7 @@ std::vector<std::array<int64_t, 3>> cut_decode_slices(const std::vector<int64_t>
     return (2 * total + 3 * loaded) * block_size / 5;
   };
   std::vector<std::pair<int64_t, int64_t>> slices;
-  const int64_t n = static_cast<int64_t>(order.size());
+  const int64_t n = static_cast<int64_t>(blocks.size());
   for (int64_t u = 0; u < n; ++u) {
     if (u == 0 || shared[u] == 0) slices.emplace_back(u, u + 1);
     else slices.back().second = u + 1;
@@ -518,7 +517,7 @@ torch::Tensor paged_attention(torch::Tensor query, torch::Tensor k_cache, torch:
       }
     }
     const int64_t target = std::max<int64_t>(1, keys / (4 * num_threads));
-    for (const auto& [begin, end, cost] : cut_decode_slices(decode, shared, blocks, block_size, target)) {
+    for (const auto& [begin, end, cost] : cut_decode_slices(shared, blocks, block_size, target)) {
       for (int64_t h = 0; h < num_kv_heads; ++h) items.push_back({-1, h, begin, end, cost});
     }
   }
