@@ -1,6 +1,6 @@
 """Attention over the paged KV cache and other fused ops, dispatched by device.
 
-Triton kernels run on CUDA; on the CPU, compiled C++ kernels and oneDNN linear layers (float32),
+Triton kernels run on CUDA; on the CPU, compiled C++ kernels and linear layers with weights packed once (float32),
 with the PyTorch path as the reference and the fallback. The engine calls only the functions
 listed in `__all__`. This package imports torch (and triton lazily), nothing of batchgen.
 """
@@ -20,15 +20,16 @@ from .dispatch import (
     silu_and_mul,
     write_kv,
 )
-from .linear_cpu import is_onednn_linear_available, linear, pack_linear_weight
+from .linear_cpu import PackedLinear, is_packed_linear_available, linear, pack_linear_weight
 from .metadata import AttentionMetadata
 
 __all__ = [
     "AttentionMetadata",
     "Backend",
+    "PackedLinear",
     "RmsNormOutput",
     "argmax",
-    "is_onednn_linear_available",
+    "is_packed_linear_available",
     "keep_freed_memory",
     "linear",
     "pack_linear_weight",

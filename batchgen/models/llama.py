@@ -8,13 +8,15 @@ one matrix each at load. The KV pool tensors are owned by the runner and passed 
 from __future__ import annotations
 
 import math
+from typing import TypeAlias
 
 import torch
 
 from batchgen.kernels import (
     AttentionMetadata,
     Backend,
-    is_onednn_linear_available,
+    PackedLinear,
+    is_packed_linear_available,
     keep_freed_memory,
     linear,
     pack_linear_weight,
@@ -27,6 +29,9 @@ from batchgen.kernels import (
 )
 
 from .config import ModelConfig, RopeScaling
+
+# A projection's weight: plain [out, in], or packed once for the CPU (kernels/linear_cpu.py).
+Weight: TypeAlias = torch.Tensor | PackedLinear
 
 __all__ = ["LlamaModel", "rope_inv_freq"]
 
@@ -58,11 +63,11 @@ class _Layer:
 
     def __init__(
         self,
-        qkv: torch.Tensor,
+        qkv: Weight,
         qkv_bias: torch.Tensor | None,
-        o_proj: torch.Tensor,
-        gate_up: torch.Tensor,
-        down: torch.Tensor,
+        o_proj: Weight,
+        gate_up: Weight,
+        down: Weight,
         input_norm: torch.Tensor,
         post_norm: torch.Tensor,
     ) -> None:
@@ -100,7 +105,7 @@ class LlamaModel:
 
         self.embed = take("model.embed_tokens.weight")
         self.norm = take("model.norm.weight")
-        self.lm_head = self.embed if config.tie_word_embeddings else take("lm_head.weight")
+        self.lm_head: Weight = self.embed if config.tie_word_embeddings else take("lm_head.weight")
         self.layers: list[_Layer] = []
         for i in range(config.num_layers):
             p = f"model.layers.{i}."
@@ -129,10 +134,10 @@ class LlamaModel:
         prepare_backend(attention_backend, device)  # the CPU kernel's build, here, not in a first step
         if device.type == "cpu":
             keep_freed_memory()  # each layer's large activations reuse freed heap, not fresh pages
-        # On CPU in float32 the projections run through oneDNN with weights packed once
-        # (kernels/linear_cpu.py); the "torch" backend keeps F.linear, the reference path.
+        # On CPU in float32 the projections run with weights packed once (MKL's packed sgemm,
+        # kernels/linear_cpu.py); the "torch" backend keeps F.linear, the reference path.
         self.packed_linear = (
-            device.type == "cpu" and dtype == torch.float32 and attention_backend != "torch" and is_onednn_linear_available()
+            device.type == "cpu" and dtype == torch.float32 and attention_backend != "torch" and is_packed_linear_available()
         )
         if self.packed_linear:
             for layer in self.layers:

@@ -1,4 +1,4 @@
-"""oneDNN linear with packed weights against F.linear, and the model's choice between them."""
+"""Linear layers with packed weights (MKL and oneDNN) against F.linear, and the model's choice."""
 
 from __future__ import annotations
 
@@ -6,34 +6,50 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from batchgen.kernels import is_onednn_linear_available, linear, pack_linear_weight
+from batchgen.kernels import PackedLinear, is_packed_linear_available, linear, pack_linear_weight
+from batchgen.kernels.linear_cpu import _library
 from batchgen.models.checkpoint import load_checkpoint
 from batchgen.models.llama import LlamaModel
 from tests.tiny_models import make_tiny_hf_folder
 
-needs_onednn = pytest.mark.skipif(not is_onednn_linear_available(), reason="torch built without oneDNN")
+needs_packing = pytest.mark.skipif(not is_packed_linear_available(), reason="torch built without MKL or oneDNN")
+needs_mkl = pytest.mark.skipif(_library() != "mkl", reason="torch built without MKL's packed sgemm")
+LIBRARIES = [pytest.param("mkl", marks=needs_mkl), pytest.param("onednn", marks=needs_packing)]
 
 
-@needs_onednn
-@pytest.mark.parametrize("rows", [1, 3, 64, 257])
+@pytest.mark.parametrize("library", LIBRARIES)
+@pytest.mark.parametrize("rows", [0, 1, 3, 17, 64, 257])
 @pytest.mark.parametrize("with_bias", [False, True])
-def test_packed_linear_matches_f_linear(rows: int, with_bias: bool) -> None:
+def test_packed_linear_matches_f_linear(library: str, rows: int, with_bias: bool) -> None:
     gen = torch.Generator().manual_seed(rows)
     weight = torch.randn(96, 40, generator=gen)
     bias = torch.randn(96, generator=gen) if with_bias else None
     x = torch.randn(rows, 40, generator=gen)
-    packed = pack_linear_weight(weight)
-    assert packed.is_mkldnn and not weight.is_mkldnn
+    packed = pack_linear_weight(weight, library)
+    assert isinstance(packed, PackedLinear) and packed.library == library
+    assert (packed.out_features, packed.in_features) == (96, 40) and packed.packed.is_mkldnn
     out = linear(x, packed, bias)
     assert out.shape == (rows, 96) and out.dtype == torch.float32 and not out.is_mkldnn
     torch.testing.assert_close(out, F.linear(x, weight, bias), rtol=1e-5, atol=1e-5)
 
 
-@needs_onednn
-def test_packed_linear_takes_a_strided_input() -> None:
+@needs_mkl
+@pytest.mark.parametrize("rows", [17, 50, 64, 65, 200, 700, 2048])
+def test_mkl_packing_serves_every_row_count_bit_for_bit(rows: int) -> None:
+    # One packed copy (packed for 512 rows) serves any batch: the results are plain sgemm's, bit for
+    # bit, at the model's real projection shapes, so a broken layout cannot hide in a tolerance.
+    gen = torch.Generator().manual_seed(rows)
+    for out_features, in_features in [(960, 576), (576, 1536), (3072, 576)]:
+        weight = torch.randn(out_features, in_features, generator=gen)
+        x = torch.randn(rows, in_features, generator=gen)
+        assert torch.equal(linear(x, pack_linear_weight(weight, "mkl")), F.linear(x, weight))
+
+
+@pytest.mark.parametrize("library", LIBRARIES)
+def test_packed_linear_takes_a_strided_input(library: str) -> None:
     weight = torch.randn(16, 8)
     x = torch.randn(10, 16)[:, ::2]  # a view with row stride 16
-    torch.testing.assert_close(linear(x, pack_linear_weight(weight)), F.linear(x, weight), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(linear(x, pack_linear_weight(weight, library)), F.linear(x, weight), rtol=1e-5, atol=1e-5)
 
 
 def test_plain_weights_take_f_linear() -> None:
@@ -47,7 +63,12 @@ def test_pack_rejects_other_dtypes_and_shapes(weight: torch.Tensor) -> None:
         pack_linear_weight(weight)
 
 
-@needs_onednn
+def test_pack_rejects_an_unknown_library() -> None:
+    with pytest.raises(RuntimeError, match="no linear packer for 'blas'"):
+        pack_linear_weight(torch.randn(4, 4), "blas")
+
+
+@needs_packing
 def test_model_packs_on_cpu_float32_and_the_torch_backend_keeps_the_reference(tmp_path) -> None:  # type: ignore[no-untyped-def]
     folder = make_tiny_hf_folder(tmp_path / "m", num_heads=4, num_kv_heads=2, head_dim=16)
     checkpoint = load_checkpoint(str(folder))
@@ -59,7 +80,8 @@ def test_model_packs_on_cpu_float32_and_the_torch_backend_keeps_the_reference(tm
         )  # fmt: skip
 
     fast, reference = build(None), build("torch")
-    assert fast.packed_linear and fast.layers[0].qkv.is_mkldnn and fast.lm_head.is_mkldnn
-    assert not fast.embed.is_mkldnn  # the embedding lookup needs the plain (tied) matrix
-    assert not reference.packed_linear and not reference.layers[0].qkv.is_mkldnn
+    assert fast.packed_linear and isinstance(fast.layers[0].qkv, PackedLinear) and isinstance(fast.lm_head, PackedLinear)
+    assert fast.layers[0].qkv.library == _library()
+    assert isinstance(fast.embed, torch.Tensor)  # the embedding lookup needs the plain (tied) matrix
+    assert not reference.packed_linear and isinstance(reference.layers[0].qkv, torch.Tensor)
     assert not build(None, torch.bfloat16).packed_linear
