@@ -1,7 +1,7 @@
 """Attention over the paged KV cache and other fused ops, dispatched by device.
 
-Triton kernels run on CUDA; on the CPU, compiled C++ kernels and linear layers with weights packed once (float32),
-with the PyTorch path as the reference and the fallback. The engine calls only the functions
+Triton kernels run on CUDA; on the CPU, compiled C++ kernels and linear layers with weights
+packed once (float32), with the PyTorch path as the reference and the fallback. The engine calls only the functions
 listed in `__all__`. This package imports torch (and triton lazily), nothing of batchgen.
 """
 
@@ -20,7 +20,7 @@ from .dispatch import (
     silu_and_mul,
     write_kv,
 )
-from .linear_cpu import PackedLinear, is_packed_linear_available, linear, pack_linear_weight
+from .linear_cpu import PackedLinear, linear, pack_linear_weight, packed_linear_library
 from .metadata import AttentionMetadata
 
 __all__ = [
@@ -29,10 +29,10 @@ __all__ = [
     "PackedLinear",
     "RmsNormOutput",
     "argmax",
-    "is_packed_linear_available",
     "keep_freed_memory",
     "linear",
     "pack_linear_weight",
+    "packed_linear_library",
     "paged_attention",
     "prepare_backend",
     "resolve_backend",

@@ -175,7 +175,7 @@ inline void decode_block(const float* const* q, const float* kb, const float* vb
   // scalar std::exp per row is a libm call with the live vectors spilled around it (2-3% of
   // this function; 10% of the prefill tile's time, where run does the same per micro-tile).
   __m512 sc[G];
-  alignas(64) float m_new[16] = {}, dm[16] = {};
+  alignas(64) float m_new[G], dm[16] = {};  // dm padded to one vector
   for (int g = 0; g < G; ++g) {
     const __m512 raw = _mm512_insertf32x8(_mm512_castps256_ps512(sums[0][g]), sums[1][g], 1);
     sc[g] = _mm512_mask_blend_ps(valid, minus_inf, _mm512_mul_ps(raw, _mm512_set1_ps(scale)));

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-__all__ = ["PackedLinear", "is_packed_linear_available", "linear", "pack_linear_weight"]
+__all__ = ["PackedLinear", "linear", "pack_linear_weight", "packed_linear_library"]
 
 # The row count the packers are told: it picks MKL's blocking (see above); oneDNN tunes for it.
 _PACK_ROWS = 512
@@ -55,8 +55,8 @@ class PackedLinear:
 
 
 @functools.cache
-def _library() -> str | None:
-    """The packer this torch build has: "mkl", "onednn", or None."""
+def packed_linear_library() -> str | None:
+    """The packer this torch build has: "mkl" (preferred), "onednn", or None (neither)."""
     mkl = torch.ops.mkl
     if torch.backends.mkl.is_available() and all(  # type: ignore[no-untyped-call]
         hasattr(mkl, n) for n in ("_mkl_reorder_linear_weight", "_mkl_linear")
@@ -70,16 +70,11 @@ def _library() -> str | None:
     return None
 
 
-def is_packed_linear_available() -> bool:
-    """True when this torch build can pack linear weights (MKL or oneDNN)."""
-    return _library() is not None
-
-
 def pack_linear_weight(weight: torch.Tensor, library: str | None = None) -> PackedLinear:
     """`weight` ([out, in], float32, CPU) packed for `linear`; `library` forces "mkl" or "onednn"."""
     if weight.dtype != torch.float32 or weight.device.type != "cpu" or weight.dim() != 2:
         raise ValueError(f"pack_linear_weight takes a 2-D float32 CPU tensor, got {weight.dtype} {tuple(weight.shape)}")
-    library = library or _library()
+    library = library or packed_linear_library()
     if library not in ("mkl", "onednn"):
         raise RuntimeError(f"no linear packer for {library!r}: this torch build has neither MKL nor oneDNN")
     w = weight.contiguous()

@@ -16,10 +16,10 @@ from batchgen.kernels import (
     AttentionMetadata,
     Backend,
     PackedLinear,
-    is_packed_linear_available,
     keep_freed_memory,
     linear,
     pack_linear_weight,
+    packed_linear_library,
     paged_attention,
     prepare_backend,
     rms_norm,
@@ -137,7 +137,7 @@ class LlamaModel:
         # On CPU in float32 the projections run with weights packed once (MKL's packed sgemm,
         # kernels/linear_cpu.py); the "torch" backend keeps F.linear, the reference path.
         self.packed_linear = (
-            device.type == "cpu" and dtype == torch.float32 and attention_backend != "torch" and is_packed_linear_available()
+            device.type == "cpu" and dtype == torch.float32 and attention_backend != "torch" and packed_linear_library() is not None
         )
         if self.packed_linear:
             for layer in self.layers:

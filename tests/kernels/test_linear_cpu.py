@@ -6,14 +6,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from batchgen.kernels import PackedLinear, is_packed_linear_available, linear, pack_linear_weight
-from batchgen.kernels.linear_cpu import _library
+from batchgen.kernels import PackedLinear, linear, pack_linear_weight, packed_linear_library
 from batchgen.models.checkpoint import load_checkpoint
 from batchgen.models.llama import LlamaModel
 from tests.tiny_models import make_tiny_hf_folder
 
-needs_packing = pytest.mark.skipif(not is_packed_linear_available(), reason="torch built without MKL or oneDNN")
-needs_mkl = pytest.mark.skipif(_library() != "mkl", reason="torch built without MKL's packed sgemm")
+needs_packing = pytest.mark.skipif(packed_linear_library() is None, reason="torch built without MKL or oneDNN")
+needs_mkl = pytest.mark.skipif(packed_linear_library() != "mkl", reason="torch built without MKL's packed sgemm")
 LIBRARIES = [pytest.param("mkl", marks=needs_mkl), pytest.param("onednn", marks=needs_packing)]
 
 
@@ -81,7 +80,7 @@ def test_model_packs_on_cpu_float32_and_the_torch_backend_keeps_the_reference(tm
 
     fast, reference = build(None), build("torch")
     assert fast.packed_linear and isinstance(fast.layers[0].qkv, PackedLinear) and isinstance(fast.lm_head, PackedLinear)
-    assert fast.layers[0].qkv.library == _library()
+    assert fast.layers[0].qkv.library == packed_linear_library()
     assert isinstance(fast.embed, torch.Tensor)  # the embedding lookup needs the plain (tied) matrix
     assert not reference.packed_linear and isinstance(reference.layers[0].qkv, torch.Tensor)
     assert not build(None, torch.bfloat16).packed_linear
