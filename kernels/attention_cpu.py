@@ -1,7 +1,8 @@
 """Compiled CPU paged attention, RMSNorm, rotary embedding, SiLU-and-multiply, KV write and argmax
 (float32): a C++ extension built once by torch's extension tools.
 
-`cpu_attention.cpp` reads K/V in place from the block pool with an online softmax, parallel
+`cpu_attention.cpp` reads K/V in place from the block pool (in its own layout: `cpu_kv_cache`)
+with an online softmax, parallel
 over (sequence, KV head, query tile) on torch's own OpenMP threads, with an AVX-512 tile path for
 prefill chunks (`cpu_attention_tile.h`) and decode rows in slices that read shared blocks once;
 see the comments there. The small ops of `cpu_small_ops.h` (RMSNorm with the residual add,
@@ -33,7 +34,9 @@ import torch
 from .metadata import AttentionMetadata
 
 __all__ = [
+    "cpu_kv_cache",
     "is_cpu_kernel_available",
+    "is_cpu_kv_layout",
     "load_cpu_kernel",
     "paged_attention_cpu",
     "rms_norm_cpu",
@@ -105,6 +108,30 @@ def _named(name: str) -> contextlib.AbstractContextManager[object]:
     return contextlib.nullcontext()
 
 
+def cpu_kv_cache(
+    num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int, *, dtype: torch.dtype = torch.float32
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One layer's zeroed K and V pools in the compiled kernel's layout (CPU).
+
+    Both are `[num_blocks, block_size, num_kv_heads, head_dim]` by shape, as every backend's pools
+    are, but strided views: K is stored `[num_blocks, num_kv_heads, head_dim, block_size]` (each
+    block's K transposed per head, so that the kernel's q.k needs no horizontal sums), V
+    `[num_blocks, num_kv_heads, block_size, head_dim]`. Indexing, copies and the PyTorch path see
+    ordinary tensors; `paged_attention_cpu` requires this layout.
+    """
+    k = torch.zeros(num_blocks, num_kv_heads, head_dim, block_size, dtype=dtype).permute(0, 3, 1, 2)
+    v = torch.zeros(num_blocks, num_kv_heads, block_size, head_dim, dtype=dtype).permute(0, 2, 1, 3)
+    return k, v
+
+
+def is_cpu_kv_layout(k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
+    """True when k_cache/v_cache are laid out as `cpu_kv_cache` makes them."""
+    if k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
+        return False
+    _, bs, kvh, d = k_cache.shape
+    return k_cache.stride() == (kvh * d * bs, 1, d * bs, bs) and v_cache.stride() == (kvh * bs * d, d, bs * d, 1)
+
+
 def paged_attention_cpu(
     query: torch.Tensor,
     k_cache: torch.Tensor,
@@ -115,7 +142,8 @@ def paged_attention_cpu(
     """Attention of every query token over its sequence's cached K/V (float32, CPU).
 
     query: [num_tokens, num_heads, head_dim]; returns a new tensor of that shape. Reads the
-    caches only. Raises RuntimeError for other dtypes or non-contiguous caches.
+    caches only, which must be laid out as `cpu_kv_cache` makes them. Raises RuntimeError for
+    other dtypes or another layout.
     """
     kernel = load_cpu_kernel()
     # A named range, so that torch.profiler shows the kernel's time (jobs/bench/profile_step.py).

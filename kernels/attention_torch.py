@@ -1,6 +1,7 @@
 """PyTorch reference path for paged attention and KV writes (CPU, and any device without Triton).
 
-Layout of the KV pool, per layer: `[num_blocks, block_size, num_kv_heads, head_dim]`.
+Shape of the KV pool, per layer: `[num_blocks, block_size, num_kv_heads, head_dim]`, any strides
+(the compiled CPU kernel reads strided views: `attention_cpu.cpu_kv_cache`).
 Prefill chunks run one SDPA call per sequence (fastest on CPU: see the toolchain notes); decode
 tokens of all sequences run as one padded SDPA call with a mask, since launch overhead dominates
 there. Imports torch only.
@@ -23,10 +24,19 @@ def write_kv_torch(
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
 ) -> None:
-    """Store each token's K/V ([num_tokens, num_kv_heads, head_dim]) at its pool slot (mutates the caches)."""
+    """Store each token's K/V ([num_tokens, num_kv_heads, head_dim]) at its pool slot (mutates the
+    caches; they may be strided views, as the compiled CPU kernel's layout is)."""
     num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
-    k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, key.to(k_cache.dtype))
-    v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, value.to(v_cache.dtype))
+    if k_cache.is_contiguous() and v_cache.is_contiguous():
+        k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, key.to(k_cache.dtype))
+        v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, value.to(v_cache.dtype))
+        return
+    if slot_mapping.numel() and int(slot_mapping.min()) < 0:
+        raise IndexError("write_kv: slot -1 (padding) needs the Triton or compiled CPU path")
+    block_size = k_cache.shape[1]
+    blocks, offsets = slot_mapping // block_size, slot_mapping % block_size
+    k_cache[blocks, offsets] = key.to(k_cache.dtype)
+    v_cache[blocks, offsets] = value.to(v_cache.dtype)
 
 
 def _gather(cache: torch.Tensor, block_table: torch.Tensor, seq_len: int) -> torch.Tensor:

@@ -9,6 +9,16 @@
 //   seq s:  | context (cached) ............ | chunk (q_len tokens) |
 //   query token i sits at position seq_len - q_len + i and sees keys 0 .. that position.
 //
+// The pools are laid out for these loops (the tensors keep the shape [num_blocks, block_size,
+// KVH, D] of every backend, as strided views; kernels.new_kv_cache allocates them):
+//
+//   K: stored [num_blocks, KVH, D, block_size]: each (block, head) is the block's K transposed,
+//      so one row of it is one element of 16 keys, a vector: q . k for a whole block is D
+//      broadcast-FMAs, with no horizontal sums, for any number of query rows at once;
+//   V: stored [num_blocks, KVH, block_size, D]: each (block, head) is its 16 V rows.
+//
+// Either is one contiguous 4 KB piece per (block, head) at D = 64, block_size = 16.
+//
 // Items run on torch's intra-op thread pool (at::parallel_for), so they share its threads with
 // the GEMMs; each thread pulls the next item from an atomic counter, largest items first, since
 // sequence lengths differ widely within a batch.
@@ -19,8 +29,8 @@
 //
 // Decode sequences (one query token) run as slices of the batch sorted by block table
 // (run_decode_slice): sequences that share prefix blocks, as a multi-turn batch's do, read each
-// shared block once. With AVX-512 each block's rows go through tile16::decode_block, otherwise
-// through run_item's per-row functions.
+// shared block once and compute it for all their rows. With AVX-512 the rows go through
+// tile16::decode_rows, up to 6 at a time, otherwise through run_item's per-row functions.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
@@ -48,6 +58,9 @@ constexpr int64_t kTileQ = 16;
 constexpr int64_t kTileQWide = 64;
 // Items with at least this many query rows (prefill tiles) take the AVX-512 tile path.
 constexpr int64_t kMinTileRows = 8;
+// How many runs ahead run_decode_slice asks for a block's lines into L2 (measured on decode
+// steps at batch 64 from memory: 2-6 alike, all faster than none).
+constexpr int64_t kL2Ahead = 4;
 
 struct Item {
   int64_t seq;      // -1: a decode slice, the sequences decode[q_begin, q_end) in paged_attention
@@ -87,42 +100,22 @@ inline __m256 exp_neg(__m256 x) {
   return _mm256_andnot_ps(is_tiny, y);
 }
 
-// Sums of each of 8 vectors, as one vector: out[i] = sum of a[i]'s 8 lanes.
-inline __m256 hsum8(const __m256* a) {
-  const __m256 t0 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
-  const __m256 t1 = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));
-  return _mm256_add_ps(_mm256_permute2f128_ps(t0, t1, 0x20), _mm256_permute2f128_ps(t0, t1, 0x31));
-}
 #endif
 
-// s[j] = scale * q . k_j for the first n tokens of a block (k_j = kb + j * stride); returns
-// their maximum (taken on the vectors: a scalar max loop is a 16-step dependency chain).
-inline float block_scores(const float* qr, const float* kb, int64_t stride, int64_t n, int64_t head_dim,
+// s[j] = scale * q . k_j for the first n tokens of a block, from the block's K transposed
+// (kt[d * block_size + j]); returns their maximum.
+inline float block_scores(const float* qr, const float* kt, int64_t block_size, int64_t n, int64_t head_dim,
                           float scale, float* s) {
-  int64_t j = 0;
-  float best = -std::numeric_limits<float>::infinity();
-#if defined(__AVX2__) && defined(__FMA__)
-  if (head_dim % 8 == 0) {
-    // 8 tokens at a time: 8 independent FMA chains, then one transpose-and-add.
-    __m256 vbest = _mm256_set1_ps(best);
-    for (; j + 8 <= n; j += 8) {
-      __m256 acc[8];
-      for (int t = 0; t < 8; ++t) acc[t] = _mm256_setzero_ps();
-      for (int64_t d = 0; d < head_dim; d += 8) {
-        const __m256 qv = _mm256_loadu_ps(qr + d);
-        for (int t = 0; t < 8; ++t) acc[t] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kb + (j + t) * stride + d), acc[t]);
-      }
-      const __m256 sv = _mm256_mul_ps(hsum8(acc), _mm256_set1_ps(scale));
-      _mm256_storeu_ps(s + j, sv);
-      vbest = _mm256_max_ps(vbest, sv);
-    }
-    const __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(vbest), _mm256_extractf128_ps(vbest, 1));
-    const __m128 m2 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-    best = _mm_cvtss_f32(_mm_max_ss(m2, _mm_movehdup_ps(m2)));
+  for (int64_t j = 0; j < n; ++j) s[j] = 0.f;
+  for (int64_t d = 0; d < head_dim; ++d) {  // one row of kt (n keys) per q element
+    const float qd = qr[d];
+    const float* row = kt + d * block_size;
+#pragma omp simd
+    for (int64_t j = 0; j < n; ++j) s[j] += qd * row[j];
   }
-#endif
-  for (; j < n; ++j) {
-    s[j] = dot(qr, kb + j * stride, head_dim) * scale;
+  float best = -std::numeric_limits<float>::infinity();
+  for (int64_t j = 0; j < n; ++j) {
+    s[j] *= scale;
     best = std::max(best, s[j]);
   }
   return best;
@@ -198,26 +191,33 @@ inline void block_pv(float* a, float alpha, const float* p, const float* vb, int
   }
 }
 
-// One row's online-softmax step over the first `visible` keys of a block: scores into s, then
-// running max m, running sum l and the unnormalized output acc updated.
-inline void row_block(const float* qr, const float* kb, const float* vb, int64_t stride, int64_t visible,
+// One row's online-softmax step over the first `visible` keys of a block (kt: its K transposed,
+// vb: its V rows): scores into s, then running max m, running sum l and the unnormalized output
+// acc updated.
+inline void row_block(const float* qr, const float* kt, const float* vb, int64_t block_size, int64_t visible,
                       int64_t head_dim, float scale, float* s, float& m, float& l, float* acc) {
-  const float block_max = block_scores(qr, kb, stride, visible, head_dim, scale, s);
+  const float block_max = block_scores(qr, kt, block_size, visible, head_dim, scale, s);
   const float m_new = std::max(m, block_max);
   const float alpha = std::exp(m - m_new);
   l = l * alpha + block_exp(s, visible, m_new);
   m = m_new;
-  block_pv(acc, alpha, s, vb, stride, visible, head_dim);
+  block_pv(acc, alpha, s, vb, head_dim, visible, head_dim);
 }
 
-// Asks for the cache lines of one block's K and V rows of one KV head (n tokens, stride apart).
-inline void prefetch_block(const float* kb, const float* vb, int64_t stride, int64_t n, int64_t head_dim) {
-  for (int64_t j = 0; j < n; ++j) {
-    for (int64_t d = 0; d < head_dim; d += 16) {  // 16 floats = one 64-byte line
-      __builtin_prefetch(kb + j * stride + d, 0, 3);
-      __builtin_prefetch(vb + j * stride + d, 0, 3);
-    }
+// Asks for the cache lines of one block's K and V of one KV head (`floats` contiguous floats
+// each), into L1 (Locality 3) or L2 (2).
+template <int Locality = 3>
+inline void prefetch_block(const float* kb, const float* vb, int64_t floats) {
+  for (int64_t i = 0; i < floats; i += 16) {  // 16 floats = one 64-byte line
+    __builtin_prefetch(kb + i, 0, Locality);
+    __builtin_prefetch(vb + i, 0, Locality);
   }
+}
+
+// Where block `id`'s K (transposed, [head_dim, block_size]) or V ([block_size, head_dim]) of
+// KV head h starts in its pool: both pools hold block_size * head_dim floats per (block, head).
+inline int64_t block_offset(int64_t id, int64_t h, int64_t num_kv_heads, int64_t block_size, int64_t head_dim) {
+  return (id * num_kv_heads + h) * block_size * head_dim;
 }
 
 void run_item(const Item& it, const float* q, float* out, const float* k_cache, const float* v_cache,
@@ -228,6 +228,7 @@ void run_item(const Item& it, const float* q, float* out, const float* k_cache, 
   const int64_t tile = it.q_end - it.q_begin;
   const int64_t rows = tile * group;
   const int64_t context = seq_len - q_len;
+  auto offset = [&](int64_t b) { return block_offset(block_table[b], it.kv_head, num_kv_heads, block_size, head_dim); };
 #if defined(__AVX512F__)
   if (block_size == 16 && head_dim % 16 == 0 && rows >= kMinTileRows) {
     std::vector<const float*> q_rows(rows);
@@ -240,13 +241,10 @@ void run_item(const Item& it, const float* q, float* out, const float* k_cache, 
       out_rows[r] = out + ((q_start + t) * num_heads + h) * head_dim;
       pos[r] = context + t;
     }
-    const int64_t head_offset = it.kv_head * head_dim;
-    const int64_t block_floats = block_size * num_kv_heads * head_dim;
-    auto kb = [&](int64_t b) { return k_cache + block_table[b] * block_floats + head_offset; };
-    auto vb = [&](int64_t b) { return v_cache + block_table[b] * block_floats + head_offset; };
+    auto kb = [&](int64_t b) { return k_cache + offset(b); };
+    auto vb = [&](int64_t b) { return v_cache + offset(b); };
     const int64_t num_blocks = (context + it.q_end - 1) / block_size + 1;
-    tile16::run(rows, q_rows.data(), pos.data(), out_rows.data(), num_blocks, kb, vb,
-                num_kv_heads * head_dim, head_dim, scale, scratch);
+    tile16::run(rows, q_rows.data(), pos.data(), out_rows.data(), num_blocks, kb, vb, head_dim, scale, scratch);
     return;
   }
 #endif
@@ -264,18 +262,16 @@ void run_item(const Item& it, const float* q, float* out, const float* k_cache, 
   };
   const int64_t last_pos = context + it.q_end - 1;  // highest key position any row sees
   const int64_t num_blocks = last_pos / block_size + 1;
-  const int64_t token_stride = num_kv_heads * head_dim;
+  const int64_t block_floats = block_size * head_dim;
   for (int64_t b = 0; b < num_blocks; ++b) {
-    const int64_t block_id = block_table[b];
     const int64_t base = b * block_size;
     const int64_t n = std::min(block_size, last_pos + 1 - base);
-    const float* kb = k_cache + (block_id * block_size * num_kv_heads + it.kv_head) * head_dim;
-    const float* vb = v_cache + (block_id * block_size * num_kv_heads + it.kv_head) * head_dim;
+    const float* kt = k_cache + offset(b);
+    const float* vb = v_cache + offset(b);
     if (b + 1 < num_blocks) {
       // The next block sits anywhere in the pool, where no hardware prefetcher can guess it: ask
       // for its K/V lines now, so they arrive while this block is computed.
-      const int64_t next = (static_cast<int64_t>(block_table[b + 1]) * block_size * num_kv_heads + it.kv_head) * head_dim;
-      prefetch_block(k_cache + next, v_cache + next, token_stride, block_size, head_dim);
+      prefetch_block(k_cache + offset(b + 1), v_cache + offset(b + 1), block_floats);
     }
     for (int64_t r = 0; r < rows; ++r) {
       const float* qr = q_row(r);
@@ -283,7 +279,7 @@ void run_item(const Item& it, const float* q, float* out, const float* k_cache, 
       const int64_t visible = std::min(n, pos + 1 - base);  // causal limit inside this block
       float* s = scores + r * block_size;
       if (visible <= 0) continue;
-      row_block(qr, kb, vb, token_stride, visible, head_dim, scale, s, m[r], l[r], acc + r * head_dim);
+      row_block(qr, kt, vb, block_size, visible, head_dim, scale, s, m[r], l[r], acc + r * head_dim);
     }
   }
   for (int64_t r = 0; r < rows; ++r) {
@@ -300,10 +296,11 @@ void run_item(const Item& it, const float* q, float* out, const float* k_cache, 
 // One KV head of a slice of decode sequences (one query token each), sorted by block table so
 // that sequences sharing prefix blocks sit next to each other. Block index b is visited for the
 // whole slice at once, and each run of sequences with the same block id at b reads that block
-// from memory once (it stays in L1 for the rest of the run): in a multi-turn batch, where later
-// turns extend earlier ones, that halves the K/V bytes read per step. Every row goes through
-// the same calls over the same blocks in the same order whatever its slice, so a sequence's
-// output is bit-identical whether or not others share its blocks (the prefix cache on or off).
+// from memory once and computes it for all of the run's rows together: in a multi-turn batch,
+// where later turns extend earlier ones, that more than halves the K/V bytes read per step.
+// Every row goes through the same arithmetic over the same blocks in the same order whatever
+// its slice or its run, so a sequence's output is bit-identical whether or not others share its
+// blocks (the prefix cache on or off).
 void run_decode_slice(const int64_t* seqs, int64_t count, int64_t kv_head, const float* q, float* out,
                       const float* k_cache, const float* v_cache, const int32_t* tables, int64_t max_blocks,
                       const int32_t* lens, const int32_t* starts, int64_t num_heads, int64_t num_kv_heads,
@@ -316,78 +313,87 @@ void run_decode_slice(const int64_t* seqs, int64_t count, int64_t kv_head, const
   float* m = scores + block_size;
   float* l = m + rows;
   for (int64_t r = 0; r < rows; ++r) m[r] = -std::numeric_limits<float>::infinity();
-  const int64_t token_stride = num_kv_heads * head_dim;
+  const int64_t block_floats = block_size * head_dim;
   auto num_blocks = [&](int64_t u) { return (lens[seqs[u]] + block_size - 1) / block_size; };
   auto block_id = [&](int64_t u, int64_t b) { return static_cast<int64_t>(tables[seqs[u] * max_blocks + b]); };
-  auto block_offset = [&](int64_t id) { return (id * block_size * num_kv_heads + kv_head) * head_dim; };
+  auto offset = [&](int64_t id) { return block_offset(id, kv_head, num_kv_heads, block_size, head_dim); };
+  auto q_row = [&](int64_t r) {  // row r = (sequence u = r / group, q head g = r % group of the KV head)
+    return q + (static_cast<int64_t>(starts[seqs[r / group]]) * num_heads + kv_head * group + r % group) * head_dim;
+  };
   int64_t most_blocks = 0;
   for (int64_t u = 0; u < count; ++u) most_blocks = std::max(most_blocks, num_blocks(u));
+  // The slice's runs in visiting order: (block index b, sequences [i, j) in sorted order, which
+  // all have block id at b). Listed first, so that the loop below can prefetch ahead.
+  struct Run {
+    int64_t b, i, j, id;
+  };
+  std::vector<Run> runs;
   for (int64_t b = 0; b < most_blocks; ++b) {
-    const int64_t base = b * block_size;
     int64_t i = 0;
-    while (i < count && num_blocks(i) <= b) ++i;
     while (i < count) {
+      if (num_blocks(i) <= b) {
+        ++i;
+        continue;
+      }
       const int64_t id = block_id(i, b);
       int64_t j = i + 1;
       while (j < count && num_blocks(j) > b && block_id(j, b) == id) ++j;
-      int64_t next = j;  // the next run at this block index, else the first sequence at b + 1
-      while (next < count && num_blocks(next) <= b) ++next;
-      int64_t next_id = -1;
-      if (next < count) {
-        next_id = block_id(next, b);
-      } else {
-        for (int64_t u = 0; u < count && next_id < 0; ++u) {
-          if (num_blocks(u) > b + 1) next_id = block_id(u, b + 1);
-        }
-      }
-      if (next_id >= 0) {
-        const int64_t off = block_offset(next_id);
-        prefetch_block(k_cache + off, v_cache + off, token_stride, block_size, head_dim);
-      }
-      const float* kb = k_cache + block_offset(id);
-      const float* vb = v_cache + block_offset(id);
-      for (int64_t u = i; u < j; ++u) {
-        const int64_t s = seqs[u];
-        const int64_t visible = std::min(block_size, lens[s] - base);
-        const float* q0 = q + (static_cast<int64_t>(starts[s]) * num_heads + kv_head * group) * head_dim;
-#if defined(__AVX512F__)
-        if (block_size == 16 && head_dim % 16 == 0) {
-          for (int64_t g0 = 0; g0 < group; g0 += 3) {  // up to 3 rows a call (28 registers)
-            const float* qs[3];
-            float* accs[3];
-            const int64_t r0 = u * group + g0;
-            const int64_t rows_now = std::min<int64_t>(3, group - g0);
-            for (int64_t g = 0; g < rows_now; ++g) {
-              qs[g] = q0 + (g0 + g) * head_dim;
-              accs[g] = acc + (r0 + g) * head_dim;
-            }
-            switch (rows_now) {
-              case 3: tile16::decode_block<3>(qs, kb, vb, token_stride, visible, head_dim, scale, m + r0, l + r0, accs); break;
-              case 2: tile16::decode_block<2>(qs, kb, vb, token_stride, visible, head_dim, scale, m + r0, l + r0, accs); break;
-              default: tile16::decode_block<1>(qs, kb, vb, token_stride, visible, head_dim, scale, m + r0, l + r0, accs); break;
-            }
-          }
-          continue;
-        }
-#endif
-        for (int64_t g = 0; g < group; ++g) {
-          const int64_t r = u * group + g;
-          row_block(q0 + g * head_dim, kb, vb, token_stride, visible, head_dim, scale, scores, m[r], l[r],
-                    acc + r * head_dim);
-        }
-      }
-      i = next;
+      runs.push_back({b, i, j, id});
+      i = j;
     }
   }
-  for (int64_t u = 0; u < count; ++u) {
-    for (int64_t g = 0; g < group; ++g) {
-      const int64_t r = u * group + g;
-      float* o = out + (static_cast<int64_t>(starts[seqs[u]]) * num_heads + kv_head * group + g) * head_dim;
-      const float inv = l[r] > 0.f ? 1.f / l[r] : 0.f;
-      const float* a = acc + r * head_dim;
-#pragma omp simd
-      for (int64_t d = 0; d < head_dim; ++d) o[d] = a[d] * inv;
+  const int64_t num_runs = static_cast<int64_t>(runs.size());
+  for (int64_t k = 0; k < kL2Ahead && k < num_runs; ++k) {
+    prefetch_block<2>(k_cache + offset(runs[k].id), v_cache + offset(runs[k].id), block_floats);
+  }
+  for (int64_t k = 0; k < num_runs; ++k) {
+    const auto [b, i, j, id] = runs[k];
+    const int64_t base = b * block_size;
+    // Blocks sit anywhere in the pool, where no hardware prefetcher can guess them: the next
+    // run's block is asked into L1, and the one kL2Ahead runs on into L2, so that several
+    // blocks' lines are in flight while this one is computed (L1 alone holds too few misses).
+    if (k + 1 < num_runs) {
+      prefetch_block<3>(k_cache + offset(runs[k + 1].id), v_cache + offset(runs[k + 1].id), block_floats);
     }
+    if (k + kL2Ahead < num_runs) {
+      prefetch_block<2>(k_cache + offset(runs[k + kL2Ahead].id), v_cache + offset(runs[k + kL2Ahead].id),
+                        block_floats);
+    }
+    const float* kt = k_cache + offset(id);
+    const float* vb = v_cache + offset(id);
+    auto visible = [&](int64_t r) { return std::min(block_size, lens[seqs[r / group]] - base); };
+#if defined(__AVX512F__)
+    if (block_size == 16 && head_dim % 16 == 0) {
+      // The run's rows (i * group .. j * group - 1, adjacent in acc, m and l) in chunks of up to
+      // 6 that see the same number of keys (a block can be the last, partial one of some
+      // sequences of the run).
+      const float* qs[6];
+      float* accs[6];
+      int64_t chunk = 0, chunk_n = 0, r0 = 0;
+      for (int64_t r = i * group; r <= j * group; ++r) {
+        const bool end = r == j * group;
+        if (chunk > 0 && (end || chunk == 6 || visible(r) != chunk_n)) {
+          tile16::decode_rows_n(chunk, qs, kt, vb, chunk_n, head_dim, scale, m + r0, l + r0, accs);
+          chunk = 0;
+        }
+        if (end) break;
+        if (chunk == 0) chunk_n = visible(r), r0 = r;
+        qs[chunk] = q_row(r);
+        accs[chunk++] = acc + r * head_dim;
+      }
+      continue;
+    }
+#endif
+    for (int64_t r = i * group; r < j * group; ++r) {
+      row_block(q_row(r), kt, vb, block_size, visible(r), head_dim, scale, scores, m[r], l[r], acc + r * head_dim);
+    }
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    float* o = out + (static_cast<int64_t>(starts[seqs[r / group]]) * num_heads + kv_head * group + r % group) * head_dim;
+    const float inv = l[r] > 0.f ? 1.f / l[r] : 0.f;
+    const float* a = acc + r * head_dim;
+#pragma omp simd
+    for (int64_t d = 0; d < head_dim; ++d) o[d] = a[d] * inv;
   }
 }
 
@@ -442,19 +448,32 @@ std::vector<std::array<int64_t, 3>> cut_decode_slices(const std::vector<int64_t>
   return out;
 }
 
+// True when k_cache/v_cache ([num_blocks, block_size, KVH, D] by size) are views of the kernel's
+// layout: K stored [num_blocks, KVH, D, block_size], V stored [num_blocks, KVH, block_size, D].
+bool is_kernel_layout(const torch::Tensor& k_cache, const torch::Tensor& v_cache) {
+  if (k_cache.dim() != 4 || k_cache.sizes() != v_cache.sizes()) return false;
+  const int64_t bs = k_cache.size(1), kvh = k_cache.size(2), d = k_cache.size(3);
+  return k_cache.stride(0) == kvh * d * bs && k_cache.stride(1) == 1 && k_cache.stride(2) == d * bs &&
+         k_cache.stride(3) == bs && v_cache.stride(0) == kvh * bs * d && v_cache.stride(1) == d &&
+         v_cache.stride(2) == bs * d && v_cache.stride(3) == 1;
+}
+
 }  // namespace
 
-// query [T, H, D], caches [num_blocks, block_size, KVH, D] (float32, contiguous),
-// block_tables int32 [S, max_blocks], seq_lens int32 [S], query_start_loc int32 [S + 1].
+// query [T, H, D] (contiguous); caches [num_blocks, block_size, KVH, D] as views of the kernel's
+// layout (float32; see the top of this file): K stored [num_blocks, KVH, D, block_size], V stored
+// [num_blocks, KVH, block_size, D]. block_tables int32 [S, max_blocks], seq_lens int32 [S],
+// query_start_loc int32 [S + 1].
 torch::Tensor paged_attention(torch::Tensor query, torch::Tensor k_cache, torch::Tensor v_cache,
                               torch::Tensor block_tables, torch::Tensor seq_lens,
                               torch::Tensor query_start_loc, double scale) {
   TORCH_CHECK(query.scalar_type() == torch::kFloat32 && k_cache.scalar_type() == torch::kFloat32 &&
                   v_cache.scalar_type() == torch::kFloat32,
               "cpu paged attention takes float32");
-  TORCH_CHECK(query.is_contiguous() && k_cache.is_contiguous() && v_cache.is_contiguous() &&
-                  block_tables.is_contiguous(),
-              "cpu paged attention takes contiguous tensors");
+  TORCH_CHECK(query.is_contiguous() && block_tables.is_contiguous(), "cpu paged attention takes a contiguous query and block table");
+  TORCH_CHECK(is_kernel_layout(k_cache, v_cache),
+              "cpu paged attention reads K/V pools in its own layout (K transposed per block and head, V "
+              "head-major): allocate them with batchgen.kernels.new_kv_cache");
   TORCH_CHECK(block_tables.scalar_type() == torch::kInt32 && seq_lens.scalar_type() == torch::kInt32 &&
                   query_start_loc.scalar_type() == torch::kInt32,
               "metadata must be int32");
@@ -474,18 +493,12 @@ torch::Tensor paged_attention(torch::Tensor query, torch::Tensor k_cache, torch:
 #endif
   const int32_t* tables = block_tables.data_ptr<int32_t>();
   const int64_t group = num_heads / num_kv_heads;
-#if defined(__AVX512F__)
-  // Decode items whose rows would take the tile path stay items of their own (same numerics).
-  const bool decode_in_slices = !(block_size == 16 && head_dim % 16 == 0 && group >= kMinTileRows);
-#else
-  const bool decode_in_slices = true;
-#endif
   std::vector<int64_t> decode;  // sequences with one query token, run as slices
   for (int64_t s = 0; s < num_seqs; ++s) {
     const int64_t q_len = starts[s + 1] - starts[s];
     const int64_t context = lens[s] - q_len;
     TORCH_CHECK((lens[s] + block_size - 1) / block_size <= max_blocks, "block table too short");
-    if (q_len == 1 && decode_in_slices) {
+    if (q_len == 1) {
       decode.push_back(s);
       continue;
     }

@@ -3,10 +3,11 @@
 // A prefill item has many query rows (tile tokens x the KV head's group of q heads) against the
 // same K/V blocks, so it is compute-bound, and the per-row dot products of the generic path
 // (cpu_attention.cpp, run_item) leave most of the FMA units idle. Here each block of 16 keys is
-// one 16-lane vector:
+// one 16-lane vector, and the pool stores each block's K transposed per head (see
+// cpu_attention.cpp), so a K row of the block is a vector of 16 keys:
 //
-//   kt = K_block^T               [D, 16]   transposed once per block, shared by every row
-//   s_r = q_r . kt               [16]      8 rows at a time: one kt load feeds 8 FMAs
+//   kt = K_block^T               [D, 16]   as stored in the pool
+//   s_r = q_r . kt               [16]      12 rows at a time: one kt load feeds 12 FMAs
 //   online softmax per row       (mask past the row's causal limit, running max m, sum l)
 //   acc_r = acc_r * alpha_r + p_r . V_block   4 rows at a time: one V load feeds 4 FMAs
 //
@@ -45,18 +46,19 @@ inline __m512 exp_neg(__m512 x) {
   return _mm512_maskz_mul_ps(static_cast<__mmask16>(~is_tiny), p, _mm512_castsi512_ps(e));
 }
 
-// Scores of R rows (R <= 12) against the span's 32 keys: s[2r], s[2r + 1] = kt^T q_r. Each of
-// the D steps loads two kt vectors and broadcasts each row's q element once: 2R FMAs for R + 2
-// loads. Out of line on purpose: where GCC inlined it into run's lambda (seen in a standalone
+// Scores of R rows (R <= 12) against the span's 32 keys: s[2r], s[2r + 1] = kt0^T q_r, kt1^T q_r
+// (the span's two blocks, transposed). Each of the D steps loads two kt vectors and broadcasts
+// each row's q element once: 2R FMAs for R + 2 loads. Out of line on purpose: where GCC inlined it into run's lambda (seen in a standalone
 // build), it stored all 2R accumulators to the caller's s[] on every D step, bound by the one
 // store port (28.5 against 43.7 flops a cycle for the whole tile).
 template <int R>
-__attribute__((noinline)) void scores(const float* const* q, const float* kt, int64_t head_dim, __m512* s) {
+__attribute__((noinline)) void scores(const float* const* q, const float* kt0, const float* kt1, int64_t head_dim,
+                                      __m512* s) {
   __m512 acc[2 * R];
   for (int i = 0; i < 2 * R; ++i) acc[i] = _mm512_setzero_ps();
   for (int64_t d = 0; d < head_dim; ++d) {
-    const __m512 k0 = _mm512_load_ps(kt + d * 32);
-    const __m512 k1 = _mm512_load_ps(kt + d * 32 + 16);
+    const __m512 k0 = _mm512_loadu_ps(kt0 + d * 16);
+    const __m512 k1 = _mm512_loadu_ps(kt1 + d * 16);
     for (int r = 0; r < R; ++r) {
       const __m512 qv = _mm512_set1_ps(q[r][d]);
       acc[2 * r] = _mm512_fmadd_ps(qv, k0, acc[2 * r]);
@@ -108,137 +110,96 @@ inline void pv_rows(float* const* acc, const float* alpha, const float* const* p
   }
 }
 
-// Asks for the cache lines of one block's rows of one KV head.
-inline void prefetch_block(const float* k, const float* v, int64_t stride, int64_t head_dim) {
-  for (int64_t j = 0; j < 16; ++j) {
-    for (int64_t d = 0; d < head_dim; d += 16) {
-      __builtin_prefetch(k + j * stride + d, 0, 3);
-      __builtin_prefetch(v + j * stride + d, 0, 3);
-    }
+// Asks for the cache lines of one block's K and V of one KV head (16 x head_dim floats each,
+// contiguous in the pool), into L1 (Locality 3) or L2 (2).
+template <int Locality = 3>
+inline void prefetch_block(const float* k, const float* v, int64_t head_dim) {
+  for (int64_t i = 0; i < 16 * head_dim; i += 16) {  // 16 floats = one 64-byte line
+    __builtin_prefetch(k + i, 0, Locality);
+    __builtin_prefetch(v + i, 0, Locality);
   }
 }
 
-// out[t] = the sum of a[t]'s 16 lanes, t < 8, as one 8-lane vector (a transpose-and-add tree:
-// 24 instructions for 8 sums).
-inline __m256 sum8(const __m512* a) {
-  __m512 b[4];
-  for (int i = 0; i < 4; ++i) {  // per 128-bit lane: a_2i[0]+a_2i[2], a_2i+1[0]+.., a_2i[1]+.., ..
-    b[i] = _mm512_add_ps(_mm512_unpacklo_ps(a[2 * i], a[2 * i + 1]), _mm512_unpackhi_ps(a[2 * i], a[2 * i + 1]));
+// Scores of R <= 6 decode rows against one block's 16 keys, kt = the block's K transposed
+// ([D, 16]): s[r] = kt^T q_r, unscaled. Each row keeps four partial sums (d mod 4), so that even
+// one sequence's rows (R = 3) keep 12 FMA chains in flight; they are added as (s0 + s1) +
+// (s2 + s3). A row's arithmetic does not depend on R or on the rows beside it.
+template <int R>
+inline void block_scores(const float* const* q, const float* kt, int64_t head_dim, __m512* s) {
+  __m512 a[R][4];
+  for (int r = 0; r < R; ++r) {
+    for (int c = 0; c < 4; ++c) a[r][c] = _mm512_setzero_ps();
   }
-  __m512 c[2];
-  for (int i = 0; i < 2; ++i) {  // per 128-bit lane: the lane's sums of a_4i .. a_4i+3
-    c[i] = _mm512_add_ps(_mm512_shuffle_ps(b[2 * i], b[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
-                         _mm512_shuffle_ps(b[2 * i], b[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+  for (int64_t d = 0; d < head_dim; d += 4) {
+    for (int c = 0; c < 4; ++c) {
+      const __m512 k = _mm512_loadu_ps(kt + (d + c) * 16);
+      for (int r = 0; r < R; ++r) a[r][c] = _mm512_fmadd_ps(_mm512_set1_ps(q[r][d + c]), k, a[r][c]);
+    }
   }
-  // lanes [c0.L0 + c0.L1, c0.L2 + c0.L3, c1.L0 + c1.L1, c1.L2 + c1.L3]
-  const __m512 d = _mm512_add_ps(_mm512_shuffle_f32x4(c[0], c[1], _MM_SHUFFLE(2, 0, 2, 0)),
-                                 _mm512_shuffle_f32x4(c[0], c[1], _MM_SHUFFLE(3, 1, 3, 1)));
-  const __m512 e = _mm512_shuffle_f32x4(d, d, _MM_SHUFFLE(3, 1, 2, 0));  // [d.L0, d.L2, d.L1, d.L3]
-  return _mm256_add_ps(_mm512_castps512_ps256(e), _mm512_extractf32x8_ps(e, 1));
+  for (int r = 0; r < R; ++r) s[r] = _mm512_add_ps(_mm512_add_ps(a[r][0], a[r][1]), _mm512_add_ps(a[r][2], a[r][3]));
 }
 
-// One block of n <= 16 keys for G <= 3 decode rows of one KV head (a sequence's q heads of the
-// group): each K and V load feeds G FMAs, and the rows' dependency chains (scores, max, exp,
-// P.V) interleave. Per row g: query q[g], running max m[g], running sum l[g], unnormalized
-// output acc[g][head_dim]. A decode row takes this path whatever rows run beside it, so its
-// output does not depend on the batch.
-template <int G>
-inline void decode_block(const float* const* q, const float* kb, const float* vb, int64_t stride, int64_t n,
-                         int64_t head_dim, float scale, float* m, float* l, float* const* acc) {
-  __m256 sums[2][G];
-  for (int half = 0; half < 2; ++half) {
-    if (8 * half >= n) {
-      for (int g = 0; g < G; ++g) sums[half][g] = _mm256_setzero_ps();  // masked below
-      continue;
-    }
-    __m512 a[G][8];
-    for (int g = 0; g < G; ++g) {
-      for (int t = 0; t < 8; ++t) a[g][t] = _mm512_setzero_ps();
-    }
-    const float* k0 = kb + 8 * half * stride;
-    for (int64_t d = 0; d < head_dim; d += 16) {
-      __m512 qv[G];
-      for (int g = 0; g < G; ++g) qv[g] = _mm512_loadu_ps(q[g] + d);
-      for (int t = 0; t < 8; ++t) {
-        const __m512 kz = _mm512_loadu_ps(k0 + t * stride + d);  // rows past n: masked below
-        for (int g = 0; g < G; ++g) a[g][t] = _mm512_fmadd_ps(qv[g], kz, a[g][t]);
-      }
-    }
-    for (int g = 0; g < G; ++g) sums[half][g] = sum8(a[g]);
-  }
+// One block of n <= 16 keys for R <= 6 decode rows that all see those n keys (one or more
+// sequences' q heads of a KV head): kt = the block's K transposed ([D, 16]), vb = its V rows
+// ([16, D]). Per row r: query q[r], running max m[r], running sum l[r], unnormalized output
+// acc[r][head_dim]. Each kt and V load feeds R FMAs. A row's arithmetic is the same whatever
+// rows run beside it, so its output does not depend on the batch or on which sequences share
+// its blocks.
+template <int R>
+inline void decode_rows(const float* const* q, const float* kt, const float* vb, int64_t n, int64_t head_dim,
+                        float scale, float* m, float* l, float* const* acc) {
+  __m512 sc[R];
+  block_scores<R>(q, kt, head_dim, sc);
   const __mmask16 valid = n >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << n) - 1);
   const __m512 minus_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
-  alignas(64) float p[G][16];
-  float alpha[G];
-  const float* p_rows[G];
+  alignas(64) float p[R][16];
+  float alpha[R];
+  const float* p_rows[R];
   // Every row's new running max first, then the rows' rescale factors in one vector exp: a
-  // scalar std::exp per row is a libm call with the live vectors spilled around it (2-3% of
-  // this function; 10% of the prefill tile's time, where run does the same per micro-tile).
-  __m512 sc[G];
-  alignas(64) float m_new[G], dm[16] = {};  // dm padded to one vector
-  for (int g = 0; g < G; ++g) {
-    const __m512 raw = _mm512_insertf32x8(_mm512_castps256_ps512(sums[0][g]), sums[1][g], 1);
-    sc[g] = _mm512_mask_blend_ps(valid, minus_inf, _mm512_mul_ps(raw, _mm512_set1_ps(scale)));
-    m_new[g] = std::max(m[g], _mm512_reduce_max_ps(sc[g]));
-    dm[g] = m[g] - m_new[g];  // -inf on a row's first block: exp_neg gives 0, as exp does
+  // scalar std::exp per row is a libm call with the live vectors spilled around it.
+  alignas(64) float m_new[R], dm[16] = {};  // dm padded to one vector
+  for (int r = 0; r < R; ++r) {
+    sc[r] = _mm512_mask_blend_ps(valid, minus_inf, _mm512_mul_ps(sc[r], _mm512_set1_ps(scale)));
+    m_new[r] = std::max(m[r], _mm512_reduce_max_ps(sc[r]));
+    dm[r] = m[r] - m_new[r];  // -inf on a row's first block: exp_neg gives 0, as exp does
   }
   _mm512_store_ps(dm, exp_neg(_mm512_load_ps(dm)));
-  for (int g = 0; g < G; ++g) {
-    alpha[g] = dm[g];
-    const __m512 e = exp_neg(_mm512_sub_ps(sc[g], _mm512_set1_ps(m_new[g])));
-    _mm512_store_ps(p[g], e);
-    l[g] = l[g] * alpha[g] + _mm512_reduce_add_ps(e);
-    m[g] = m_new[g];
-    p_rows[g] = p[g];
+  for (int r = 0; r < R; ++r) {
+    alpha[r] = dm[r];
+    const __m512 e = exp_neg(_mm512_sub_ps(sc[r], _mm512_set1_ps(m_new[r])));
+    _mm512_store_ps(p[r], e);
+    l[r] = l[r] * alpha[r] + _mm512_reduce_add_ps(e);
+    m[r] = m_new[r];
+    p_rows[r] = p[r];
   }
   const float* v_halves[2] = {vb, vb};
   const int64_t counts[2] = {n, 0};
-  pv_rows<G>(acc, alpha, p_rows, v_halves, counts, stride, head_dim);
+  pv_rows<R>(acc, alpha, p_rows, v_halves, counts, head_dim, head_dim);
 }
 
-// dst[i * dst_stride + j] = row j's element i, for 16 rows of 16 floats (rows[j] null: zeros):
-// four rounds of in-register shuffles instead of 256 scalar moves.
-inline void transpose16(const float* const* rows, float* dst, int64_t dst_stride) {
-  __m512 r[16], t[16];
-  for (int j = 0; j < 16; ++j) r[j] = rows[j] ? _mm512_loadu_ps(rows[j]) : _mm512_setzero_ps();
-  for (int j = 0; j < 16; j += 2) {  // interleave pairs of rows, 32-bit
-    t[j] = _mm512_unpacklo_ps(r[j], r[j + 1]);
-    t[j + 1] = _mm512_unpackhi_ps(r[j], r[j + 1]);
+// decode_rows for a runtime row count 1 <= rows <= 6.
+inline void decode_rows_n(int64_t rows, const float* const* q, const float* kt, const float* vb, int64_t n,
+                          int64_t head_dim, float scale, float* m, float* l, float* const* acc) {
+  switch (rows) {
+    case 6: decode_rows<6>(q, kt, vb, n, head_dim, scale, m, l, acc); break;
+    case 5: decode_rows<5>(q, kt, vb, n, head_dim, scale, m, l, acc); break;
+    case 4: decode_rows<4>(q, kt, vb, n, head_dim, scale, m, l, acc); break;
+    case 3: decode_rows<3>(q, kt, vb, n, head_dim, scale, m, l, acc); break;
+    case 2: decode_rows<2>(q, kt, vb, n, head_dim, scale, m, l, acc); break;
+    default: decode_rows<1>(q, kt, vb, n, head_dim, scale, m, l, acc); break;
   }
-  for (int j = 0; j < 16; j += 4) {  // then 64-bit: each 128-bit lane holds 4 rows' element
-    r[j] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t[j]), _mm512_castps_pd(t[j + 2])));
-    r[j + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t[j]), _mm512_castps_pd(t[j + 2])));
-    r[j + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t[j + 1]), _mm512_castps_pd(t[j + 3])));
-    r[j + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t[j + 1]), _mm512_castps_pd(t[j + 3])));
-  }
-  for (int j = 0; j < 4; ++j) {  // then 128-bit lanes across groups of rows 0-3/4-7, 8-11/12-15
-    t[j] = _mm512_shuffle_f32x4(r[j], r[j + 4], _MM_SHUFFLE(2, 0, 2, 0));
-    t[j + 4] = _mm512_shuffle_f32x4(r[j], r[j + 4], _MM_SHUFFLE(3, 1, 3, 1));
-    t[j + 8] = _mm512_shuffle_f32x4(r[j + 8], r[j + 12], _MM_SHUFFLE(2, 0, 2, 0));
-    t[j + 12] = _mm512_shuffle_f32x4(r[j + 8], r[j + 12], _MM_SHUFFLE(3, 1, 3, 1));
-  }
-  for (int j = 0; j < 8; ++j) {  // and across rows 0-7 / 8-15
-    r[j] = _mm512_shuffle_f32x4(t[j], t[j + 8], _MM_SHUFFLE(2, 0, 2, 0));
-    r[j + 8] = _mm512_shuffle_f32x4(t[j], t[j + 8], _MM_SHUFFLE(3, 1, 3, 1));
-  }
-  for (int k = 0; k < 16; ++k) _mm512_store_ps(dst + k * dst_stride, r[k]);  // r[k]: element k of rows 0..15
 }
 
 // One item: `rows` query rows (row r -> query pointer q_rows[r], causal limit pos[r], output
 // out_rows[r]) over the blocks of one KV head, two blocks (a span of 32 keys) at a time.
-// kb(b)/vb(b) give block b's first K/V row of the head; token_stride is the distance between a
-// block's consecutive tokens.
+// kb(b) gives block b's K of the head transposed ([D, 16]), vb(b) its V rows ([16, D]).
 template <class BlockK, class BlockV>
 void run(int64_t rows, const float* const* q_rows, const int64_t* pos, float* const* out_rows,
-         int64_t num_blocks, BlockK kb, BlockV vb, int64_t token_stride, int64_t head_dim, float scale,
-         std::vector<float>& scratch) {
+         int64_t num_blocks, BlockK kb, BlockV vb, int64_t head_dim, float scale, std::vector<float>& scratch) {
   constexpr int64_t B = 16, S = 32;  // keys per block, per span
   const int64_t padded = (rows + kRows - 1) / kRows * kRows;
-  scratch.assign(16 + head_dim * S + padded * head_dim + padded * S + padded * 3, 0.f);
-  float* base = scratch.data();
-  // kt first: _mm512_load_ps needs 64-byte alignment.
-  float* kt = base + (16 - (reinterpret_cast<uintptr_t>(base) / sizeof(float)) % 16) % 16;  // [D, S]
-  float* acc = kt + head_dim * S;         // [padded, head_dim]
+  scratch.assign(padded * head_dim + padded * S + padded * 3, 0.f);
+  float* acc = scratch.data();            // [padded, head_dim]
   float* pbuf = acc + padded * head_dim;  // [padded, S]
   float* m = pbuf + padded * S;
   float* l = m + padded;
@@ -251,17 +212,12 @@ void run(int64_t rows, const float* const* q_rows, const int64_t* pos, float* co
     const int64_t first = b * B;
     const int64_t n = std::min<int64_t>(S, max_pos + 1 - first);  // keys in this span
     const int64_t counts[2] = {std::min<int64_t>(B, n), std::max<int64_t>(0, n - B)};
-    const float* kspan[2] = {kb(b), counts[1] > 0 ? kb(b + 1) : nullptr};
+    // Lanes past n hold whatever the pool holds there; the masks below drop them.
+    const float* kt0 = kb(b);
+    const float* kt1 = counts[1] > 0 ? kb(b + 1) : kt0;
     const float* vspan[2] = {vb(b), counts[1] > 0 ? vb(b + 1) : nullptr};
     for (int64_t nb = b + 2; nb < std::min(b + 4, num_blocks); ++nb) {
-      prefetch_block(kb(nb), vb(nb), token_stride, head_dim);  // the next span is anywhere in the pool
-    }
-    for (int half = 0; half < 2; ++half) {  // kt[d, half * 16 + j] = K row j's d; zeros past n
-      for (int64_t d0 = 0; d0 < head_dim; d0 += 16) {
-        const float* krows[16];
-        for (int64_t j = 0; j < B; ++j) krows[j] = j < counts[half] ? kspan[half] + j * token_stride + d0 : nullptr;
-        transpose16(krows, kt + d0 * S + half * B, S);
-      }
+      prefetch_block(kb(nb), vb(nb), head_dim);  // the next span is anywhere in the pool
     }
     int64_t active = 0;  // rows with at least one visible key, gathered for the micro-tile
     const float* q_act[kRows];
@@ -269,21 +225,21 @@ void run(int64_t rows, const float* const* q_rows, const int64_t* pos, float* co
     auto flush = [&](int64_t count) {
       __m512 s[24];
       switch (count) {
-        case 12: scores<12>(q_act, kt, head_dim, s); break;
-        case 11: scores<11>(q_act, kt, head_dim, s); break;
-        case 10: scores<10>(q_act, kt, head_dim, s); break;
-        case 9: scores<9>(q_act, kt, head_dim, s); break;
-        case 8: scores<8>(q_act, kt, head_dim, s); break;
-        case 7: scores<7>(q_act, kt, head_dim, s); break;
-        case 6: scores<6>(q_act, kt, head_dim, s); break;
-        case 5: scores<5>(q_act, kt, head_dim, s); break;
-        case 4: scores<4>(q_act, kt, head_dim, s); break;
-        case 3: scores<3>(q_act, kt, head_dim, s); break;
-        case 2: scores<2>(q_act, kt, head_dim, s); break;
-        default: scores<1>(q_act, kt, head_dim, s); break;
+        case 12: scores<12>(q_act, kt0, kt1, head_dim, s); break;
+        case 11: scores<11>(q_act, kt0, kt1, head_dim, s); break;
+        case 10: scores<10>(q_act, kt0, kt1, head_dim, s); break;
+        case 9: scores<9>(q_act, kt0, kt1, head_dim, s); break;
+        case 8: scores<8>(q_act, kt0, kt1, head_dim, s); break;
+        case 7: scores<7>(q_act, kt0, kt1, head_dim, s); break;
+        case 6: scores<6>(q_act, kt0, kt1, head_dim, s); break;
+        case 5: scores<5>(q_act, kt0, kt1, head_dim, s); break;
+        case 4: scores<4>(q_act, kt0, kt1, head_dim, s); break;
+        case 3: scores<3>(q_act, kt0, kt1, head_dim, s); break;
+        case 2: scores<2>(q_act, kt0, kt1, head_dim, s); break;
+        default: scores<1>(q_act, kt0, kt1, head_dim, s); break;
       }
       // Running maxima first, then every row's rescale factor in one vector exp (as in
-      // decode_block).
+      // decode_rows).
       alignas(64) float m_new[16], dm[16] = {};
       for (int64_t i = 0; i < count; ++i) {
         const int64_t r = r_act[i];
@@ -325,12 +281,12 @@ void run(int64_t rows, const float* const* q_rows, const int64_t* pos, float* co
     for (; r + 4 <= rows; r += 4) {
       float* a[4] = {acc + r * head_dim, acc + (r + 1) * head_dim, acc + (r + 2) * head_dim, acc + (r + 3) * head_dim};
       const float* p[4] = {pbuf + r * S, pbuf + (r + 1) * S, pbuf + (r + 2) * S, pbuf + (r + 3) * S};
-      pv_rows<4>(a, alpha + r, p, vspan, counts, token_stride, head_dim);
+      pv_rows<4>(a, alpha + r, p, vspan, counts, head_dim, head_dim);
     }
     for (; r < rows; ++r) {
       float* a[1] = {acc + r * head_dim};
       const float* p[1] = {pbuf + r * S};
-      pv_rows<1>(a, alpha + r, p, vspan, counts, token_stride, head_dim);
+      pv_rows<1>(a, alpha + r, p, vspan, counts, head_dim, head_dim);
     }
   }
   for (int64_t r = 0; r < rows; ++r) {

@@ -182,8 +182,7 @@ void write_kv(torch::Tensor key, torch::Tensor value, torch::Tensor k_cache, tor
               "cpu write_kv takes float32");
   TORCH_CHECK(slot_mapping.scalar_type() == torch::kInt64 && slot_mapping.is_contiguous(),
               "slot_mapping must be contiguous int64");
-  TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous() && k_cache.sizes() == v_cache.sizes(),
-              "the caches must be contiguous and of one shape");
+  TORCH_CHECK(k_cache.dim() == 4 && k_cache.sizes() == v_cache.sizes(), "the caches must be of one shape");
   TORCH_CHECK(key.dim() == 3 && key.sizes() == value.sizes() && key.stride(2) == 1 && value.stride(2) == 1 &&
                   key.stride(1) == key.size(2) && value.stride(1) == value.size(2),
               "key/value must be [T, KVH, D] with contiguous heads");
@@ -199,10 +198,20 @@ void write_kv(torch::Tensor key, torch::Tensor value, torch::Tensor k_cache, tor
   const float* vp = value.data_ptr<float>();
   float* kc = k_cache.data_ptr<float>();
   float* vc = v_cache.data_ptr<float>();
-  const int64_t ks = key.stride(0), vs = value.stride(0);
-  for (int64_t t = 0; t < tokens; ++t) {
-    if (slots[t] < 0) continue;
-    std::copy(kp + t * ks, kp + t * ks + row, kc + slots[t] * row);
-    std::copy(vp + t * vs, vp + t * vs + row, vc + slots[t] * row);
-  }
+  const int64_t block_size = k_cache.size(1), heads = k_cache.size(2), head_dim = k_cache.size(3);
+  // Any strides: the compiled attention's pools are strided views (K transposed per block and
+  // head, V head-major); a contiguous pool (the PyTorch path's layout) works too.
+  auto store = [&](const float* src, int64_t src_stride, float* cache, const torch::Tensor& c) {
+    const int64_t s0 = c.stride(0), s1 = c.stride(1), s2 = c.stride(2), s3 = c.stride(3);
+    for (int64_t t = 0; t < tokens; ++t) {
+      if (slots[t] < 0) continue;
+      float* slot = cache + (slots[t] / block_size) * s0 + (slots[t] % block_size) * s1;
+      const float* x = src + t * src_stride;
+      for (int64_t h = 0; h < heads; ++h) {
+        for (int64_t d = 0; d < head_dim; ++d) slot[h * s2 + d * s3] = x[h * head_dim + d];
+      }
+    }
+  };
+  store(kp, key.stride(0), kc, k_cache);
+  store(vp, value.stride(0), vc, v_cache);
 }

@@ -18,8 +18,10 @@ import torch.nn.functional as F
 
 from .attention_cpu import (
     argmax_cpu,
+    cpu_kv_cache,
     is_cpu_kernel_available,
     is_cpu_kernel_loaded,
+    is_cpu_kv_layout,
     load_cpu_kernel,
     paged_attention_cpu,
     rms_norm_cpu,
@@ -34,6 +36,7 @@ __all__ = [
     "Backend",
     "RmsNormOutput",
     "argmax",
+    "new_kv_cache",
     "paged_attention",
     "prepare_backend",
     "resolve_backend",
@@ -71,6 +74,25 @@ def prepare_backend(backend: Backend | None, device: torch.device) -> None:
         load_cpu_kernel()
 
 
+def new_kv_cache(
+    num_blocks: int,
+    block_size: int,
+    num_kv_heads: int,
+    head_dim: int,
+    *,
+    dtype: torch.dtype,
+    device: torch.device,
+    backend: Backend | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One layer's zeroed K and V pools, `[num_blocks, block_size, num_kv_heads, head_dim]` each,
+    laid out for the backend that will read them: the compiled CPU kernel's layout where it runs
+    (CPU, float32; see `cpu_kv_cache`), contiguous everywhere else."""
+    if device.type == "cpu" and dtype == torch.float32 and resolve_backend(backend, device) == "cpu":
+        return cpu_kv_cache(num_blocks, block_size, num_kv_heads, head_dim, dtype=dtype)
+    shape = (num_blocks, block_size, num_kv_heads, head_dim)
+    return torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device)
+
+
 def write_kv(
     key: torch.Tensor,
     value: torch.Tensor,
@@ -82,8 +104,8 @@ def write_kv(
 ) -> None:
     """Write the step's K/V ([num_tokens, num_kv_heads, head_dim]) into the pool at slot_mapping.
 
-    Mutates k_cache/v_cache. Triton and the compiled CPU op (float32) skip slot -1 (padding
-    tokens); the PyTorch path needs every slot valid (index_copy_ raises IndexError on -1).
+    Mutates k_cache/v_cache (any layout on CPU). Triton and the compiled CPU op (float32) skip
+    slot -1 (padding tokens); the PyTorch path needs every slot valid (IndexError on -1).
     """
     resolved = resolve_backend(backend, key.device)
     if resolved == "triton":
@@ -117,9 +139,11 @@ def paged_attention(
         from .triton_attention import paged_attention_triton
 
         return paged_attention_triton(query, k_cache, v_cache, meta, scale)
-    # The compiled kernel is float32 only: None falls back to PyTorch for other dtypes, an
-    # explicit "cpu" raises (RuntimeError from the kernel).
-    if resolved == "cpu" and (backend == "cpu" or query.dtype == torch.float32 == k_cache.dtype):
+    # The compiled kernel reads float32 pools in its own layout (new_kv_cache makes them): None
+    # falls back to PyTorch for anything else, an explicit "cpu" raises (RuntimeError from the
+    # kernel).
+    fits_kernel = query.dtype == torch.float32 == k_cache.dtype and is_cpu_kv_layout(k_cache, v_cache)
+    if resolved == "cpu" and (backend == "cpu" or fits_kernel):
         return paged_attention_cpu(query, k_cache, v_cache, meta, scale)
     return paged_attention_torch(query, k_cache, v_cache, meta, scale)
 

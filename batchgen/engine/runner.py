@@ -11,7 +11,7 @@ import torch
 
 from batchgen.engine.step_arrays import build_step_arrays
 from batchgen.engine.step_plan import StepPlan
-from batchgen.kernels import AttentionMetadata
+from batchgen.kernels import AttentionMetadata, new_kv_cache
 from batchgen.models.llama import LlamaModel
 
 __all__ = ["ModelRunner", "StepLogits"]
@@ -29,16 +29,21 @@ class StepLogits:
 
 class ModelRunner:
     def __init__(self, model: LlamaModel, *, num_blocks: int, block_size: int) -> None:
-        """Allocates the KV pool: per layer two tensors [num_blocks, block_size, kv_heads, head_dim]."""
+        """Allocates the KV pool: per layer two tensors [num_blocks, block_size, kv_heads, head_dim],
+        laid out for the model's attention backend (`new_kv_cache`)."""
         self.model = model
         self.block_size = block_size
         self.num_blocks = num_blocks
         c = model.config
-        shape = (num_blocks, block_size, c.num_kv_heads, c.head_dim)
         self.kv_caches = [
-            (
-                torch.zeros(shape, dtype=model.dtype, device=model.device),
-                torch.zeros(shape, dtype=model.dtype, device=model.device),
+            new_kv_cache(
+                num_blocks,
+                block_size,
+                c.num_kv_heads,
+                c.head_dim,
+                dtype=model.dtype,
+                device=model.device,
+                backend=model.attention_backend,
             )
             for _ in range(c.num_layers)
         ]

@@ -148,6 +148,11 @@ class LlamaModel:
             self.lm_head = pack_linear_weight(self.lm_head)  # a copy when tied: embed stays plain
 
     @property
+    def attention_backend(self) -> Backend | None:
+        """The attention backend asked for (None: chosen per call from the device and dtype)."""
+        return self._backend
+
+    @property
     def kv_bytes_per_token(self) -> int:
         c = self.config
         return 2 * c.num_layers * c.num_kv_heads * c.head_dim * self.embed.element_size()

@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 import torch
 
-from batchgen.kernels.attention_cpu import paged_attention_cpu
+from batchgen.kernels.attention_cpu import cpu_kv_cache, paged_attention_cpu
 from batchgen.kernels.attention_torch import paged_attention_torch
 from batchgen.kernels.metadata import AttentionMetadata
 
@@ -79,8 +79,11 @@ def _multi_turn_metadata(gen: torch.Generator) -> tuple[AttentionMetadata, int]:
 
 
 def _pool() -> tuple[torch.Tensor, torch.Tensor]:
-    shape = (NUM_BLOCKS, BLOCK, KV_HEADS, HEAD_DIM)
-    return torch.randn(shape), torch.randn(shape)
+    """Random K/V pools in the kernel's layout (the engine's: kernels.new_kv_cache)."""
+    k_cache, v_cache = cpu_kv_cache(NUM_BLOCKS, BLOCK, KV_HEADS, HEAD_DIM)
+    k_cache.normal_()
+    v_cache.normal_()
+    return k_cache, v_cache
 
 
 def _best_of(fn: Callable[[], object], repeats: int = 3) -> float:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -110,6 +110,16 @@ def make_batch(
         meta=meta,
         scale=1.0 / math.sqrt(head_dim),
     )
+
+
+def in_cpu_layout(batch: Batch) -> Batch:
+    """The batch with its pools copied into the compiled CPU kernel's layout (same values)."""
+    from batchgen.kernels.attention_cpu import cpu_kv_cache
+
+    k_cache, v_cache = cpu_kv_cache(*batch.k_cache.shape, dtype=batch.k_cache.dtype)
+    k_cache.copy_(batch.k_cache)
+    v_cache.copy_(batch.v_cache)
+    return replace(batch, k_cache=k_cache, v_cache=v_cache)
 
 
 def naive_attention(batch: Batch) -> torch.Tensor:

@@ -13,7 +13,7 @@ import torch
 from batchgen.kernels import paged_attention
 from batchgen.kernels.attention_cpu import is_cpu_kernel_available
 
-from .attention_cases import Batch, make_batch, max_error, naive_attention
+from .attention_cases import Batch, in_cpu_layout, make_batch, max_error, naive_attention
 
 pytestmark = pytest.mark.skipif(not is_cpu_kernel_available(), reason="no C++ compiler for the CPU kernel")
 
@@ -38,7 +38,7 @@ def test_cpu_kernel_matches_reference(
     case: str, num_heads: int, num_kv_heads: int, head_dim: int, block_size: int
 ) -> None:
     query_lens, context_lens = CASES[case]
-    batch = make_batch(
+    batch = in_cpu_layout(make_batch(
         query_lens,
         context_lens,
         num_heads=num_heads,
@@ -46,7 +46,7 @@ def test_cpu_kernel_matches_reference(
         head_dim=head_dim,
         block_size=block_size,
         device=torch.device("cpu"),
-    )
+    ))
     args = (batch.query, batch.k_cache, batch.v_cache, batch.meta, batch.scale)
     out = paged_attention(*args, backend="cpu")
     ref = paged_attention(*args, backend="torch")
@@ -57,10 +57,10 @@ def test_cpu_kernel_matches_reference(
 
 def test_cpu_kernel_with_two_threads_matches() -> None:
     """Items run on torch's thread pool; the result must not depend on the thread count."""
-    batch = make_batch(
+    batch = in_cpu_layout(make_batch(
         (1,) * 12 + (24,), (33, 0, 5, 80, 15, 16, 17, 1, 2, 63, 64, 65, 40),
         num_heads=9, num_kv_heads=3, head_dim=64, device=torch.device("cpu"),
-    )  # fmt: skip
+    ))  # fmt: skip
     args = (batch.query, batch.k_cache, batch.v_cache, batch.meta, batch.scale)
     before = torch.get_num_threads()
     try:
@@ -70,6 +70,20 @@ def test_cpu_kernel_with_two_threads_matches() -> None:
         torch.set_num_threads(before)
     one = paged_attention(*args, backend="cpu")
     assert torch.equal(one, two)
+
+
+def test_cpu_kernel_refuses_pools_in_another_layout_and_auto_falls_back() -> None:
+    """The kernel reads its own pool layout only: contiguous pools are refused when "cpu" is asked
+    for by name, and take the PyTorch path when the backend is chosen automatically."""
+    plain = make_batch((1, 4), (20, 3), num_heads=4, num_kv_heads=2, head_dim=32, device=torch.device("cpu"))
+    args = (plain.query, plain.k_cache, plain.v_cache, plain.meta, plain.scale)
+    with pytest.raises(RuntimeError, match="new_kv_cache"):
+        paged_attention(*args, backend="cpu")
+    assert torch.equal(paged_attention(*args), paged_attention(*args, backend="torch"))
+    laid_out = in_cpu_layout(plain)
+    out = paged_attention(laid_out.query, laid_out.k_cache, laid_out.v_cache, laid_out.meta, laid_out.scale)
+    assert not torch.equal(out, paged_attention(*args, backend="torch"))  # the kernel ran: other rounding
+    assert max_error(out, naive_attention(plain)) < 2e-5
 
 
 def test_cpu_kernel_rejects_other_dtypes() -> None:
@@ -93,7 +107,7 @@ def _shared_prefix_decode_batch(num_heads: int, num_kv_heads: int, head_dim: int
     tables[2, 4:6] = tables[1, 4:6]
     tables[6, :1] = tables[5, :1]
     tables[7, 2] = tables[0, 0]
-    return batch
+    return in_cpu_layout(batch)
 
 
 @pytest.mark.parametrize(("num_heads", "num_kv_heads"), HEADS)
