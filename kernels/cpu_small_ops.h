@@ -203,14 +203,19 @@ void write_kv(torch::Tensor key, torch::Tensor value, torch::Tensor k_cache, tor
   // head, V head-major); a contiguous pool (the PyTorch path's layout) works too.
   auto store = [&](const float* src, int64_t src_stride, float* cache, const torch::Tensor& c) {
     const int64_t s0 = c.stride(0), s1 = c.stride(1), s2 = c.stride(2), s3 = c.stride(3);
-    for (int64_t t = 0; t < tokens; ++t) {
-      if (slots[t] < 0) continue;
-      float* slot = cache + (slots[t] / block_size) * s0 + (slots[t] % block_size) * s1;
-      const float* x = src + t * src_stride;
-      for (int64_t h = 0; h < heads; ++h) {
-        for (int64_t d = 0; d < head_dim; ++d) slot[h * s2 + d * s3] = x[h * head_dim + d];
+    // Both threads: a token's K, stored transposed, touches head_dim cache lines per head, each
+    // a miss into a cold block (measured: 140 us a layer at decode batch 64 on one thread).
+    // Every token has its own slot, so the tokens split freely.
+    at::parallel_for(0, tokens, 8, [&](int64_t begin, int64_t end) {
+      for (int64_t t = begin; t < end; ++t) {
+        if (slots[t] < 0) continue;
+        float* slot = cache + (slots[t] / block_size) * s0 + (slots[t] % block_size) * s1;
+        const float* x = src + t * src_stride;
+        for (int64_t h = 0; h < heads; ++h) {
+          for (int64_t d = 0; d < head_dim; ++d) slot[h * s2 + d * s3] = x[h * head_dim + d];
+        }
       }
-    }
+    });
   };
   store(kp, key.stride(0), kc, k_cache);
   store(vp, value.stride(0), vc, v_cache);
