@@ -64,7 +64,7 @@ def main() -> None:
     for line in sys.stdin:
         if not line.strip():
             continue
-        path, tag = line.split()
+        path, tag = line.rstrip("\n").rsplit(" ", 1)  # the path may hold spaces, the tag does not
         _run(llm, Path(path), out_dir, tag)
         print(f"vllm done {tag}", flush=True)
 
