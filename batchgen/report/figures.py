@@ -2,7 +2,8 @@
 process-wide backend switch, no display needed) and returned as PNG bytes.
 
 Input: `RunTrace`s, one per run (a job's runs placed back to back on one time axis, or a
-benchmark's modes overlaid from zero). A row of the timeline is an interval; it is drawn at its
+benchmark's modes overlaid from zero). Output: each figure's PNG and the `Series` it drew, read
+back from the figure's artists after drawing (so tests compare what is plotted, not a copy). A row of the timeline is an interval; it is drawn at its
 end time, and its rates divide by the time since the previous row's end (the first row of a
 run: since its own start), so idle gaps between steps lower the rate as they should.
 
@@ -14,14 +15,17 @@ from __future__ import annotations
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import pyarrow as pa
 from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.collections import PathCollection
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
 
-__all__ = ["FigureImage", "RunTrace", "make_figures", "traces_from_timeline"]
+__all__ = ["FigureImage", "RunTrace", "Series", "make_figures", "traces_from_timeline"]
 
 _WIDTH_IN, _HEIGHT_IN, _DPI = 10.0, 3.2, 100
 _RUN_GAP_S = 0.0
@@ -43,10 +47,33 @@ class RunTrace:
 
 
 @dataclass(frozen=True, slots=True)
+class Series:
+    """One labelled line or set of markers as drawn: `x` and `y` in data units (a horizontal
+    reference line spans the axes, x = [0, 1] in axes units)."""
+
+    label: str
+    x: np.ndarray
+    y: np.ndarray
+
+
+@dataclass(frozen=True, slots=True)
 class FigureImage:
     name: str  # file stem for --format png
     title: str
     png: bytes
+    series: tuple[Series, ...]  # every labelled artist, in drawing order
+
+    def get(self, label: str) -> Series:
+        """The series drawn under `label`; raises KeyError when none or several are."""
+        found = [s for s in self.series if s.label == label]
+        if len(found) != 1:
+            raise KeyError(f"figure {self.name!r}: {len(found)} series labelled {label!r}")
+        return found[0]
+
+
+class _Drawn(NamedTuple):
+    png: bytes
+    series: tuple[Series, ...]
 
 
 def traces_from_timeline(
@@ -82,12 +109,13 @@ def make_figures(traces: Sequence[RunTrace], *, ideal_hit_rate: float | None) ->
     """The four timeline figures; none when no trace has an engine step."""
     if not any(t.col("num_steps").sum() > 0 for t in traces):
         return []
-    return [
-        FigureImage("throughput", "Throughput over time", _throughput(traces)),
-        FigureImage("batch", "Batch size and queue length", _batch(traces)),
-        FigureImage("kv_pool", "KV pool use, preemptions marked", _kv(traces)),
-        FigureImage("prefix_hit_rate", "Prefix-cache hit rate", _hit_rate(traces, ideal_hit_rate)),
+    drawn = [
+        ("throughput", "Throughput over time", _throughput(traces)),
+        ("batch", "Batch size and queue length", _batch(traces)),
+        ("kv_pool", "KV pool use, preemptions marked", _kv(traces)),
+        ("prefix_hit_rate", "Prefix-cache hit rate", _hit_rate(traces, ideal_hit_rate)),
     ]
+    return [FigureImage(name, title, d.png, d.series) for name, title, d in drawn]
 
 
 def _new_axes(title: str, ylabel: str) -> tuple[Figure, Axes]:
@@ -108,20 +136,39 @@ def _mark_runs(ax: Axes, traces: Sequence[RunTrace]) -> None:
         ax.axvline(start, color="0.4", linestyle=":", linewidth=1)
 
 
-def _png(fig: Figure) -> bytes:
+def _png(fig: Figure) -> _Drawn:
     # In memory (a figure is tens of KB); `io.BytesIO` is out of reach of mypy, which reads
     # `io` as the repository's io/ folder.
     with tempfile.SpooledTemporaryFile(max_size=1 << 26) as handle:
         fig.savefig(handle, format="png")
         handle.seek(0)
-        return handle.read()
+        return _Drawn(handle.read(), _drawn_series(fig))
+
+
+def _drawn_series(fig: Figure) -> tuple[Series, ...]:
+    # Labels starting with "_" are matplotlib's unlabelled artists (the run markers).
+    series = []
+    for ax in fig.axes:
+        for artist in [*ax.lines, *ax.collections]:
+            label = str(artist.get_label())
+            if label.startswith("_"):
+                continue
+            if isinstance(artist, Line2D):
+                x, y = np.asarray(artist.get_xdata(), np.float64), np.asarray(artist.get_ydata(), np.float64)
+            elif isinstance(artist, PathCollection):
+                offsets = np.asarray(artist.get_offsets(), np.float64).reshape(-1, 2)
+                x, y = offsets[:, 0], offsets[:, 1]
+            else:
+                continue
+            series.append(Series(label, x, y))
+    return tuple(series)
 
 
 def _color(i: int) -> str:
     return f"C{i % 10}"
 
 
-def _throughput(traces: Sequence[RunTrace]) -> bytes:
+def _throughput(traces: Sequence[RunTrace]) -> _Drawn:
     # Prompt tokens come in bursts far above the output rate: they get their own axis.
     fig, ax = _new_axes("Throughput per interval: output (left), prompt (right)", "output tokens/s")
     right = ax.twinx()
@@ -145,7 +192,7 @@ def _throughput(traces: Sequence[RunTrace]) -> bytes:
     return _png(fig)
 
 
-def _batch(traces: Sequence[RunTrace]) -> bytes:
+def _batch(traces: Sequence[RunTrace]) -> _Drawn:
     fig, ax = _new_axes("Sequences in the batch and waiting (mean per interval)", "sequences")
     many = len(traces) > 1
     for i, t in enumerate(traces):
@@ -160,7 +207,7 @@ def _batch(traces: Sequence[RunTrace]) -> bytes:
     return _png(fig)
 
 
-def _kv(traces: Sequence[RunTrace]) -> bytes:
+def _kv(traces: Sequence[RunTrace]) -> _Drawn:
     fig, ax = _new_axes("KV blocks (mean per interval; ▼ preemptions)", "blocks")
     many = len(traces) > 1
     top = 0.0
@@ -175,21 +222,19 @@ def _kv(traces: Sequence[RunTrace]) -> bytes:
         top = max(top, float(t.col("kv_blocks_total").max()))
     for total in sorted({float(t.col("kv_blocks_total").max()) for t in traces}):
         ax.axhline(total, color="0.3", linestyle=":", linewidth=1, label=f"pool size ({total:,.0f})")
-    num_preemptions = 0
-    for t in traces:
-        hit = t.col("preemptions") > 0
-        num_preemptions += int(t.col("preemptions").sum())
-        if hit.any():
-            ax.scatter(t.x[hit], np.full(int(hit.sum()), top * 1.02), marker="v", color="red", s=18, zorder=3)
+    # One set of markers over all runs: the intervals that preempted, above the pool line.
+    hit_x = np.concatenate([t.x[t.col("preemptions") > 0] for t in traces])
+    num_preemptions = sum(int(t.col("preemptions").sum()) for t in traces)
     if num_preemptions:
-        ax.scatter([], [], marker="v", color="red", s=18, label=f"preemptions ({num_preemptions})")
+        ax.scatter(hit_x, np.full(hit_x.size, top * 1.02), marker="v", color="red", s=18, zorder=3,
+                   label=f"preemptions ({num_preemptions})")
     _mark_runs(ax, traces)
     ax.set_ylim(0, top * 1.08 if top else 1)
     ax.legend(loc="lower right", fontsize=8, ncols=2)
     return _png(fig)
 
 
-def _hit_rate(traces: Sequence[RunTrace], ideal: float | None) -> bytes:
+def _hit_rate(traces: Sequence[RunTrace], ideal: float | None) -> _Drawn:
     fig, ax = _new_axes("Prompt tokens served by the prefix cache", "hit rate")
     many = len(traces) > 1
     for i, t in enumerate(traces):
