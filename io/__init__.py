@@ -22,7 +22,7 @@ batchgen package.
 
 from __future__ import annotations
 
-from .errors import InputError, ShardReadError
+from .errors import InputChangedError, InputError, ShardReadError
 from .identity import InputIdentity
 from .lock import LOCK_NAME, OutputLock
 from .manifest import (
@@ -39,6 +39,7 @@ from .reader import (
     InputShard,
     ShardInfo,
     check_output_outside_inputs,
+    check_unchanged,
     find_input_shards,
     hive_partitions,
     inspect_shard,
@@ -80,6 +81,7 @@ __all__ = [
     "TIMELINE_NAME",
     "BadShard",
     "ColumnMap",
+    "InputChangedError",
     "InputError",
     "InputIdentity",
     "InputShard",
@@ -92,6 +94,7 @@ __all__ = [
     "ShardRecord",
     "check_output_dir",
     "check_output_outside_inputs",
+    "check_unchanged",
     "clean_temp_files",
     "find_input_shards",
     "fingerprint_digest",

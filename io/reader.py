@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import difflib
 import hashlib
-import os
 from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,7 +29,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .errors import InputError, ShardReadError
+from .errors import InputChangedError, InputError, ShardReadError
 from .identity import InputIdentity
 from .listing import (
     InputShard,
@@ -44,11 +43,13 @@ from .listing import (
 from .schema import ColumnMap
 
 __all__ = [
+    "InputChangedError",
     "InputError",
     "InputShard",
     "ShardInfo",
     "ShardReadError",
     "check_output_outside_inputs",
+    "check_unchanged",
     "find_input_shards",
     "hive_partitions",
     "inspect_shard",
@@ -87,21 +88,25 @@ class ShardInfo:
         return InputIdentity(str(self.path), self.size, self.num_rows, self.footer_hash)
 
 
-def _footer_identity(path: Path) -> tuple[int, str]:
-    """(size in bytes, sha256 hex of the footer) of a Parquet file: the footer is the last
-    ``8 + length`` bytes (``<metadata><length: u32 le>PAR1``). Raises OSError or ValueError."""
-    with path.open("rb") as handle:
-        size = handle.seek(0, os.SEEK_END)
+def _open_identified(path: Path) -> tuple[pa.NativeFile, int, str]:
+    """Open `path` once and return the open file with its size in bytes and the sha256 hex of
+    its footer (the last ``8 + length`` bytes: ``<metadata><length: u32 le>PAR1``). The caller
+    reads the rows from the same open file, so the identity describes exactly the bytes read
+    even when the path is replaced meanwhile. Raises OSError, ValueError or ArrowException."""
+    handle = pa.OSFile(str(path), "rb")
+    try:
+        size = handle.size()
         if size < 12:
             raise ValueError("too short for a Parquet file")
-        handle.seek(size - 8)
-        tail = handle.read(8)
+        tail = handle.read_at(8, size - 8)
         length = int.from_bytes(tail[:4], "little")
         if tail[4:] != b"PAR1" or length > size - 12:
             raise ValueError("no Parquet footer at the end of the file")
-        handle.seek(size - 8 - length)
-        footer = handle.read(length)
-    return size, hashlib.sha256(footer + tail).hexdigest()
+        footer = handle.read_at(length, size - 8 - length)
+    except BaseException:
+        handle.close()
+        raise
+    return handle, size, hashlib.sha256(footer + tail).hexdigest()
 
 
 def plain_type(t: pa.DataType) -> pa.DataType:
@@ -189,10 +194,10 @@ def inspect_shard(
     file and the column.
     """
     try:
-        with pq.ParquetFile(path) as parquet_file:
+        handle, size, footer_hash = _open_identified(path)
+        with handle, pq.ParquetFile(handle) as parquet_file:
             schema = parquet_file.schema_arrow
             num_rows = parquet_file.metadata.num_rows
-        size, footer_hash = _footer_identity(path)
     except (OSError, ValueError, pa.ArrowException) as exc:
         raise ShardReadError(f"{path}: not a readable Parquet file ({exc})") from exc
 
@@ -260,40 +265,63 @@ def iter_shard_batches(
     batch_rows: int,
     *,
     partitions: tuple[tuple[str, str], ...] = (),
+    expected: InputIdentity | None = None,
 ) -> Iterator[pa.RecordBatch]:
     """Yield the shard's rows in file order, `batch_rows` rows per batch (the last may be
     shorter), with only `columns.required_columns`, in that order.
 
-    The id column comes as its `plain_type`; a passthrough column the file lacks but
-    `partitions` has is filled with that partition value (string). A plain generator: nothing
-    is opened before the first ``next``; the file closes when the generator is exhausted,
-    closed or garbage-collected. A read failure raises InputError naming the file and the row
-    where it happened.
+    The file is opened once: its identity (size, row count, footer hash) is taken from the open
+    file and, when `expected` is given (the identity recorded at planning), compared before any
+    row is read, so the rows always belong to the identity the output is stamped with; a
+    mismatch raises `InputChangedError`. The id column comes as its `plain_type`; a
+    passthrough column the file lacks but `partitions` has is filled with that partition value
+    (string). A plain generator: nothing is opened before the first ``next``; the file closes
+    when the generator is exhausted, closed or garbage-collected. A read failure raises
+    ShardReadError naming the file and the row where it happened.
     """
     if batch_rows < 1:
         raise ValueError(f"batch_rows must be >= 1, got {batch_rows}")
     names = list(columns.required_columns)
     num_rows_read = 0
     try:
-        parquet_file = pq.ParquetFile(path, pre_buffer=False, buffer_size=_STREAM_BUFFER_BYTES)
-    except (OSError, pa.ArrowException) as exc:
+        handle, size, footer_hash = _open_identified(path)
+    except (OSError, ValueError, pa.ArrowException) as exc:
         raise ShardReadError(f"{path}: not a readable Parquet file ({exc})") from exc
-    with parquet_file:
-        in_file = set(parquet_file.schema_arrow.names)
-        constants = {k: v for k, v in partitions if k in names and k not in in_file}
-        read = [n for n in names if n not in constants]
-        batches = parquet_file.iter_batches(batch_size=batch_rows, columns=read, use_threads=False)
-        while True:
-            try:
-                batch = next(batches, None)
-            except (OSError, pa.ArrowException) as exc:
-                raise ShardReadError(
-                    f"{path}: reading failed after row {num_rows_read} ({exc})"
-                ) from exc
-            if batch is None:
-                return
-            num_rows_read += batch.num_rows
-            yield _with_plain_id(_with_constants(batch, constants), columns.id).select(names)
+    with handle:
+        try:
+            parquet_file = pq.ParquetFile(handle, pre_buffer=False, buffer_size=_STREAM_BUFFER_BYTES)
+        except (OSError, pa.ArrowException) as exc:
+            raise ShardReadError(f"{path}: not a readable Parquet file ({exc})") from exc
+        with parquet_file:
+            if expected is not None:
+                found = InputIdentity(str(path), size, parquet_file.metadata.num_rows, footer_hash)
+                check_unchanged(expected, found)
+            in_file = set(parquet_file.schema_arrow.names)
+            constants = {k: v for k, v in partitions if k in names and k not in in_file}
+            read = [n for n in names if n not in constants]
+            batches = parquet_file.iter_batches(batch_size=batch_rows, columns=read, use_threads=False)
+            while True:
+                try:
+                    batch = next(batches, None)
+                except (OSError, pa.ArrowException) as exc:
+                    raise ShardReadError(
+                        f"{path}: reading failed after row {num_rows_read} ({exc})"
+                    ) from exc
+                if batch is None:
+                    return
+                num_rows_read += batch.num_rows
+                yield _with_plain_id(_with_constants(batch, constants), columns.id).select(names)
+
+
+def check_unchanged(expected: InputIdentity, found: InputIdentity) -> None:
+    """Raise InputChangedError naming the file when `found` (taken from the open file being
+    read) is not the identity recorded at planning."""
+    if not expected.matches(found):
+        raise InputChangedError(
+            f"{found.path}: the input shard changed after the job was planned (then: "
+            f"{expected.describe()}; now: {found.describe()}); nothing of it was written: run "
+            "the job again to plan it anew"
+        )
 
 
 def _with_constants(batch: pa.RecordBatch, constants: dict[str, str]) -> pa.RecordBatch:

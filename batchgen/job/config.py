@@ -20,6 +20,7 @@ Layout (every key but ``input.path`` and ``output.path`` is optional; defaults s
         sampling_params: null   # a struct column of per-row SamplingParams overrides
         passthrough: []         # columns copied to the output unchanged (or Hive partition keys)
       batch_rows: 1024          # rows read per Arrow batch
+      max_line_bytes: 16777216  # openai_jsonl: a longer request line is an error line
     output:
       path: out/                # folder of output shards and manifest.json
       format: parquet           # parquet | openai_jsonl (response lines; needs that input format)
@@ -84,6 +85,7 @@ from batchgen._checks import check_int
 from batchgen.engine.config import CacheConfig, RunnerConfig, SchedulerConfig
 from batchgen.engine.sampling_params import SamplingParams
 from batchgen.io import ColumnMap, resolve_path
+from batchgen.io.openai_batch import DEFAULT_MAX_LINE_BYTES
 
 __all__ = [
     "Executor",
@@ -137,6 +139,7 @@ class IoConfig:
     include_logprobs: bool = False
     input_format: Format = "parquet"
     output_format: Format = "parquet"
+    max_line_bytes: int = DEFAULT_MAX_LINE_BYTES
     # The output file name of a single input shard (`batchgen run-batch -o`); None: the
     # input's name. Not a job-file key.
     output_name: str | None = None
@@ -156,6 +159,7 @@ class IoConfig:
             raise ValueError(f"input.columns: expected a ColumnMap, got {self.columns!r}")
         _expect_text("output.path", self.output, "a folder")
         check_int("input.batch_rows", self.batch_rows, minimum=1)
+        check_int("input.max_line_bytes", self.max_line_bytes, minimum=1)
         _expect_bool("output.include_token_ids", self.include_token_ids)
         _expect_bool("output.include_logprobs", self.include_logprobs)
 
@@ -170,7 +174,11 @@ class RayConfig:
     """The `ray:` section: where the cluster is and what each worker (a Ray actor) holds.
 
     `num_cpus_per_worker` / `num_gpus_per_worker` are Ray resource amounts (fractions allowed);
-    `max_retries` is how many more attempts a shard gets after its worker died or failed.
+    `max_retries` is how many more attempts a shard gets after its worker died or failed (and
+    how many more starts a worker slot gets after its worker failed to start).
+    `worker_start_timeout_s`: seconds a worker may take to be placed, load the model and build
+    its engine; `worker_stall_timeout_s`: seconds a worker holding a shard may go without a
+    result or any progress (rows or output tokens) before the driver declares it dead.
     """
 
     address: str | None = None
@@ -178,6 +186,8 @@ class RayConfig:
     num_cpus_per_worker: float = 1
     num_gpus_per_worker: float = 0
     max_retries: int = 2
+    worker_start_timeout_s: float = 300
+    worker_stall_timeout_s: float = 1800
 
     def __post_init__(self) -> None:
         if self.address is not None:
@@ -186,6 +196,8 @@ class RayConfig:
         _expect_number("ray.num_cpus_per_worker", self.num_cpus_per_worker, 0)
         _expect_number("ray.num_gpus_per_worker", self.num_gpus_per_worker, 0)
         check_int("ray.max_retries", self.max_retries, minimum=0)
+        _expect_number("ray.worker_start_timeout_s", self.worker_start_timeout_s, 1)
+        _expect_number("ray.worker_stall_timeout_s", self.worker_stall_timeout_s, 1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -271,6 +283,8 @@ class JobConfig:
             result["columns"]["prompt_token_ids"] = columns.prompt_token_ids
         if (self.io.input_format, self.io.output_format) != ("parquet", "parquet"):
             result["format"] = {"input": self.io.input_format, "output": self.io.output_format}
+        if self.io.input_format == "openai_jsonl" and self.io.max_line_bytes != DEFAULT_MAX_LINE_BYTES:
+            result["format"]["max_line_bytes"] = self.io.max_line_bytes
         return result
 
 

@@ -47,7 +47,7 @@ _TOP_KEYS = (
     "report",
     "timeline_rows",
 )
-_INPUT_KEYS = ("path", "format", "columns", "batch_rows")
+_INPUT_KEYS = ("path", "format", "columns", "batch_rows", "max_line_bytes")
 _COLUMN_KEYS = ("id", "prompt", "messages", "prompt_token_ids", "sampling_params", "passthrough")
 _OUTPUT_KEYS = ("path", "format", "include_token_ids", "include_logprobs")
 _SAMPLING_KEYS = tuple(f.name for f in fields(SamplingParams))
@@ -149,7 +149,7 @@ def _io(data: Mapping[str, Any]) -> IoConfig:
     for section, values in (("input", inputs), ("output", outputs)):
         if "path" not in values:
             raise ValueError(f"missing required key '{section}.path'")
-    optional = {k: inputs[k] for k in ("batch_rows",) if k in inputs}
+    optional: dict[str, Any] = {k: inputs[k] for k in ("batch_rows", "max_line_bytes") if k in inputs}
     optional |= {k: outputs[k] for k in ("include_token_ids", "include_logprobs") if k in outputs}
     if "format" in inputs:
         optional["input_format"] = inputs["format"]

@@ -37,7 +37,8 @@ __all__ = ["FileSink", "FileSource", "reconcile_shard"]
 class FileSource:
     """Reads a job's input shards (the configured columns, `input.batch_rows` at a time); a
     passthrough column named after a Hive partition key the file lacks gets the shard's
-    partition value (`ShardMeta.partitions`)."""
+    partition value (`ShardMeta.partitions`). Each read checks the file against the identity
+    recorded at planning (`ShardMeta.identity`), from the same open file."""
 
     def __init__(self, config: JobConfig) -> None:
         self._columns = config.io.columns
@@ -45,7 +46,11 @@ class FileSource:
 
     def iter_batches(self, shard: ShardMeta) -> Iterator[pa.RecordBatch]:
         batches: Iterator[pa.RecordBatch] = iter_shard_batches(
-            Path(shard.input_path), self._columns, self._batch_rows, partitions=shard.partitions
+            Path(shard.input_path),
+            self._columns,
+            self._batch_rows,
+            partitions=shard.partitions,
+            expected=shard.identity,
         )
         return batches
 

@@ -93,13 +93,20 @@ def plan_openai_shards(config: JobConfig) -> list[ShardInfo]:
 
 
 class OpenAIBatchSource:
-    """Streams the requests of each request file (one shard per file)."""
+    """Streams the requests of each request file (one shard per file), checking each file
+    against the identity recorded at planning (`ShardMeta.identity`) as it is read."""
 
-    def __init__(self, batch_rows: int) -> None:
+    def __init__(self, batch_rows: int, max_line_bytes: int) -> None:
         self._batch_rows = batch_rows
+        self._max_line_bytes = max_line_bytes
 
     def iter_batches(self, shard: ShardMeta) -> Iterator[pa.RecordBatch]:
-        batches: Iterator[pa.RecordBatch] = iter_openai_batches(Path(shard.input_path), self._batch_rows)
+        batches: Iterator[pa.RecordBatch] = iter_openai_batches(
+            Path(shard.input_path),
+            self._batch_rows,
+            max_line_bytes=self._max_line_bytes,
+            expected=shard.identity,
+        )
         return batches
 
 

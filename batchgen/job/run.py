@@ -153,7 +153,7 @@ def source_and_sink(
     source: Source
     sink: Sink
     if config.io.input_format == "openai_jsonl":
-        source = OpenAIBatchSource(config.io.batch_rows)
+        source = OpenAIBatchSource(config.io.batch_rows, config.io.max_line_bytes)
     else:
         source = FileSource(config)
     if config.io.output_format == "openai_jsonl":
@@ -237,6 +237,7 @@ def planned_job(config: JobConfig, *, restart: bool = False) -> Iterator[JobPlan
                 id_type=info.id_type,
                 passthrough=info.passthrough,
                 partitions=info.partitions,
+                identity=info.identity(),
             )
             for i, info in enumerate(resume.todo)
         ]

@@ -12,7 +12,7 @@ from typing import Protocol
 import pyarrow as pa
 from tqdm.auto import tqdm
 
-from batchgen.io import ColumnMap, OutputRow
+from batchgen.io import ColumnMap, InputIdentity, OutputRow
 from batchgen.job.prepare import PreparedRow
 
 __all__ = [
@@ -42,6 +42,9 @@ class ShardMeta:
     passthrough: pa.Schema
     # The Hive partition values of the input shard (`batchgen.io.hive_partitions`).
     partitions: tuple[tuple[str, str], ...] = ()
+    # The input's identity recorded at planning; a source checks it against the file it reads
+    # (None: nothing to check, e.g. an in-memory table).
+    identity: InputIdentity | None = None
 
 
 class Source(Protocol):
