@@ -12,6 +12,10 @@ Invariants:
   that has just opened it).
 - The lock file's name starts with a dot and has no ``.tmp-``: neither input listings nor
   `clean_temp_files` touch it.
+- Only a regular file of our own is ever truncated and written: the lock is opened with
+  ``O_NOFOLLOW`` (a symbolic link in its place is refused, never followed to its target) and
+  refused when it is not a regular file or has other hard links (writing the pid would change
+  another file's contents).
 
 May import: the standard library only.
 """
@@ -20,6 +24,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import stat
 from pathlib import Path
 from types import TracebackType
 
@@ -31,11 +36,11 @@ LOCK_NAME = ".batchgen.lock"
 
 
 class OutputLock:
-    """An exclusive, non-blocking lock on `out_dir` (which must exist); use as a context
-    manager or call `acquire` / `release`."""
+    """An exclusive, non-blocking lock on `out_dir` (which must exist), held on the file
+    `name` in it; use as a context manager or call `acquire` / `release`."""
 
-    def __init__(self, out_dir: Path) -> None:
-        self._path = out_dir / LOCK_NAME
+    def __init__(self, out_dir: Path, name: str = LOCK_NAME) -> None:
+        self._path = out_dir / name
         self._fd: int | None = None
 
     @property
@@ -52,12 +57,26 @@ class OutputLock:
         the lock file cannot be opened."""
         if self._fd is not None:
             raise ValueError(f"{self._path} is already held by this object")
+        flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
         try:
-            fd = os.open(self._path, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = os.open(self._path, flags, 0o644)
         except OSError as exc:
+            if os.path.islink(self._path):
+                raise InputError(
+                    f"the lock file {self._path} is a symbolic link; batchgen never writes through "
+                    "one: remove it (or use another output folder)"
+                ) from exc
             raise InputError(
                 f"cannot open the lock file {self._path}: {exc.strerror or exc}"
             ) from exc
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:
+            os.close(fd)
+            what = "not a regular file" if not stat.S_ISREG(info.st_mode) else "hard-linked to another name"
+            raise InputError(
+                f"the lock file {self._path} is {what}; batchgen writes only a lock file of its own: "
+                "remove it (or use another output folder)"
+            )
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
