@@ -13,6 +13,12 @@ Invariants:
   (``_SUCCESS``, ``_temporary/``, our temporary files) and an `exclude` folder (a run-batch
   output folder inside a folder of request files). A Parquet job's output folder inside the
   input set is refused outright (`check_output_outside_inputs`).
+- One rule for symbolic links, in folders and globs alike: links to files and folders are
+  followed (a Hive partition ``date=2 -> ../real/date=2`` is read like a folder); a link cycle,
+  a folder or file reached twice (two links to one target, or hard links: every row would be
+  read twice) and a broken link are refused with an InputError naming them, never skipped.
+- "The same file" means the same device and inode (`file_key`), not the same spelling: a bind
+  mount or a case-insensitive file system cannot make an output equal an input unnoticed.
 
 May import: the standard library. Nothing of batchgen, no torch.
 """
@@ -20,7 +26,6 @@ May import: the standard library. Nothing of batchgen, no torch.
 from __future__ import annotations
 
 import fnmatch
-import glob
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,8 +33,10 @@ from pathlib import Path
 from .errors import InputError
 
 __all__ = [
+    "FileKey",
     "InputShard",
     "check_output_outside_inputs",
+    "file_key",
     "find_input_shards",
     "hive_partitions",
     "list_input_shards",
@@ -55,20 +62,141 @@ def _is_hidden(name: str) -> bool:
     return name.startswith((".", "_"))
 
 
+FileKey = tuple[int, int]
+
+
+def file_key(path: Path) -> FileKey | None:
+    """(device, inode) of what `path` names, links followed; None when it does not exist.
+    Two paths name the same file exactly when their keys are equal."""
+    try:
+        info = os.stat(path)
+    except OSError:
+        return None
+    return (info.st_dev, info.st_ino)
+
+
+def _broken_link(path: Path) -> InputError:
+    return InputError(
+        f"input {path} is a broken symbolic link (to {os.readlink(path)}); fix or remove it"
+    )
+
+
+def _entries(folder: Path) -> list[os.DirEntry[str]]:
+    try:
+        with os.scandir(folder) as it:
+            return sorted(it, key=lambda e: e.name)
+    except OSError as exc:
+        raise InputError(f"cannot list input folder {folder}: {exc.strerror or exc}") from exc
+
+
+def _enter(folder: Path, ancestors: dict[FileKey, Path]) -> dict[FileKey, Path]:
+    """`ancestors` with `folder` added; refuses a folder that is its own ancestor (a cycle)."""
+    key = file_key(folder)
+    if key is None:
+        raise _broken_link(folder)
+    if key in ancestors:
+        raise InputError(
+            f"input folder {folder} is a symbolic link cycle (it is {ancestors[key]} again); "
+            "remove the link or give a folder below it as the input"
+        )
+    return {**ancestors, key: folder}
+
+
 def _walk_files(folder: Path, exclude: Path | None, suffix: str) -> list[Path]:
-    """Every visible file named ``*{suffix}`` under `folder`, at any depth, skipping `exclude`."""
+    """Every visible file named ``*{suffix}`` under `folder`, at any depth, links followed,
+    skipping `exclude`. Raises InputError for a link cycle, a folder reached twice or a broken
+    link."""
     found: list[Path] = []
-    for dirpath, dirnames, filenames in os.walk(folder):
-        here = Path(dirpath)
-        dirnames[:] = sorted(
-            d for d in dirnames if not _is_hidden(d) and (exclude is None or here / d != exclude)
-        )
-        found.extend(
-            here / f
-            for f in filenames
-            if f.endswith(suffix) and not _is_hidden(f) and (here / f).is_file()
-        )
+    visited: dict[FileKey, Path] = {}
+    exclude_key = file_key(exclude) if exclude is not None else None
+
+    def visit(here: Path, ancestors: dict[FileKey, Path]) -> None:
+        ancestors = _enter(here, ancestors)
+        key = next(reversed(ancestors))
+        if key in visited:
+            raise InputError(
+                f"input folder {visited[key]} is reached twice (also as {here}, through a "
+                "symbolic link): its rows would be read twice; remove one of the links"
+            )
+        visited[key] = here
+        for entry in _entries(here):
+            if _is_hidden(entry.name):
+                continue
+            path = here / entry.name
+            if entry.is_dir():
+                if exclude_key is None or file_key(path) != exclude_key:
+                    visit(path, ancestors)
+            elif entry.is_file():
+                if entry.name.endswith(suffix):
+                    found.append(path)
+            elif entry.is_symlink():
+                raise _broken_link(path)
+
+    visit(folder, {})
     return found
+
+
+def _glob_files(root: Path, parts: tuple[str, ...]) -> list[Path]:
+    """The files below `root` matching the glob components `parts` (``*``, ``?``, ``[...]``
+    within a name; ``**`` for any number of folders), links followed with the same rules as a
+    folder (a cycle or a broken link is refused). As `glob.glob`, a wildcard does not match a
+    name starting with a dot unless its pattern does."""
+    found: set[Path] = set()
+
+    def matches(name: str, pattern: str) -> bool:
+        if name.startswith(".") and not pattern.startswith("."):
+            return False
+        return fnmatch.fnmatchcase(name, pattern)
+
+    def expand(here: Path, rest: tuple[str, ...], ancestors: dict[FileKey, Path]) -> None:
+        head, tail = rest[0], rest[1:]
+        if head == "**":
+            if tail:
+                expand(here, tail, ancestors)
+            for entry in _entries(here):
+                path = here / entry.name
+                if entry.name.startswith("."):
+                    continue
+                if entry.is_dir():
+                    expand(path, rest, _enter(path, ancestors))
+                elif not tail and entry.is_file():
+                    found.add(path)
+                elif entry.is_symlink() and not entry.is_dir() and not entry.is_file():
+                    raise _broken_link(path)
+            return
+        if _GLOB_CHARS.isdisjoint(head):
+            candidates = [here / head] if os.path.lexists(here / head) else []
+        else:
+            candidates = [here / e.name for e in _entries(here) if matches(e.name, head)]
+        for path in candidates:
+            if tail:
+                if path.is_dir():
+                    expand(path, tail, _enter(path, ancestors))
+                elif path.is_symlink() and not path.exists():
+                    raise _broken_link(path)
+            elif path.is_file():
+                found.add(path)
+            elif path.is_symlink() and not path.exists():
+                raise _broken_link(path)
+
+    if parts and root.is_dir():
+        expand(root, parts, _enter(root, {}))
+    return sorted(found)
+
+
+def _check_distinct_files(paths: list[Path]) -> None:
+    """Refuse two input paths that name one file (links, hard links, bind mounts)."""
+    seen: dict[FileKey, Path] = {}
+    for path in paths:
+        key = file_key(path)
+        if key is None:
+            continue
+        other = seen.setdefault(key, path)
+        if other != path:
+            raise InputError(
+                f"input shards {other} and {path} are the same file (a symbolic or hard link): "
+                "its rows would be read twice; remove one of the links"
+            )
 
 
 def shard_name(path: Path, root: Path) -> str:
@@ -94,16 +222,6 @@ def hive_partitions(path: Path, root: Path) -> tuple[tuple[str, str], ...]:
         if sep and key:
             pairs.append((key, value))
     return tuple(pairs)
-
-
-def _glob_root(resolved: Path) -> Path:
-    """The leading folders of a glob pattern, up to the first component with a glob char."""
-    parts: list[str] = []
-    for part in resolved.parts[:-1]:
-        if not _GLOB_CHARS.isdisjoint(part):
-            break
-        parts.append(part)
-    return Path(*parts) if parts else Path("/")
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,17 +266,18 @@ def find_input_shards(
             root = resolved.parent
             paths = [resolved]
     else:
-        pattern = Path(spec).expanduser()
-        if not pattern.is_absolute():  # base_dir is a literal path even if it holds '[' or '*'
-            pattern = Path(glob.escape(str(base_dir))) / pattern
-        found = glob.glob(os.path.normpath(pattern), recursive=True)
-        paths = [Path(p) for p in found if os.path.isfile(p)]
+        # base_dir is a literal path even if it holds '[' or '*': only `spec`'s own components
+        # are patterns, from the first one holding a wildcard.
+        root = _input_root(spec, base_dir)
+        spec_parts = Path(spec).expanduser().parts
+        num_static = next(i for i, part in enumerate(spec_parts) if not _GLOB_CHARS.isdisjoint(part))
+        paths = _glob_files(root, tuple(p for p in spec_parts[num_static:] if p != "."))
         if not paths:
             raise InputError(
                 f"no {_KINDS.get(suffix, suffix)} files match '{spec}' (resolved to {resolved})"
             )
-        root = _glob_root(resolved)
     paths.sort()
+    _check_distinct_files(paths)
     shards: list[InputShard] = []
     by_name: dict[str, Path] = {}
     for path in paths:
@@ -234,6 +353,26 @@ def check_output_outside_inputs(
         or _glob_reads_folder(spec, base_dir, out_real)
     ):
         _refuse(out_dir, spec, "lies inside", "the folders the input glob reads")
+    # The same checks by device and inode: another spelling of one folder (a bind mount, a
+    # case-insensitive file system) passes the path comparisons above.
+    out_above = _folder_keys(out_real)
+    out_key = file_key(out_real)
+    if not is_glob and file_key(root) in out_above:
+        _refuse(out_dir, spec, "is" if file_key(root) == out_key else "lies inside", f"the input {root}")
+    if out_key is not None:
+        for p in input_paths:
+            if out_key == file_key(p) or out_key in _folder_keys(Path(os.path.realpath(p)).parent):
+                _refuse(out_dir, spec, "is the same folder as, or contains,", f"the input shard {p}")
+
+
+def _folder_keys(path: Path) -> set[FileKey]:
+    """The keys of `path` and of every folder above it that exists."""
+    keys: set[FileKey] = set()
+    for folder in (path, *path.parents):
+        key = file_key(folder)
+        if key is not None:
+            keys.add(key)
+    return keys
 
 
 def _refuse(out_dir: Path, spec: str, relation: str, what: str) -> None:
