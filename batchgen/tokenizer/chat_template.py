@@ -7,18 +7,28 @@ extension, a `{% generation %}` block tag (rendered as its body), the globals `r
 does not escape HTML. The template sees `messages`, `tools=None`, `documents=None`,
 `add_generation_prompt`, `bos_token`, `eos_token` and any extra keyword.
 
-Every failure -- malformed messages, a template that does not compile, a template that raises --
-is a `ChatTemplateError`, so a caller can turn it into an error row. Compiled templates are cached
+Every failure -- malformed messages, a template that does not compile, a template that raises
+any exception (RecursionError, OverflowError, MemoryError included) or passes a limit -- is a
+`ChatTemplateError`, so a caller can turn it into an error row. Compiled templates are cached
 per template string by a pure compile function; there is no other state.
 
-Imports jinja2 only; nothing of ours.
+Limits (`template_sandbox`, `template_limits`): the render is streamed and stops with
+`ChatTemplateTooLong` once the output passes `max_output_chars` (default
+`DEFAULT_MAX_OUTPUT_CHARS` = 8 Mi characters; the prepare stage passes its own bound from
+max_model_len). Any value the template builds, and all it prints, is capped at
+`max(MIN_VALUE_CHARS, 4 x the printed size of the messages)` characters (4 Mi at least), so a
+huge conversation still renders while `"a" * 10**10` does not; a render may take
+`BASE_STEPS + STEPS_PER_INPUT_NODE x (values in the messages)` steps (loop iterations, calls,
+operators, printed values) and `MAX_SECONDS` of wall time.
+
+Imports jinja2 and the tokenizer package's template_sandbox / template_limits modules.
 """
 
 from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Generator, Mapping, Sequence
 from datetime import datetime
 from typing import Any, NoReturn
 
@@ -27,9 +37,23 @@ import jinja2.ext
 import jinja2.nodes
 import jinja2.parser
 import jinja2.utils
-from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-__all__ = ["ChatTemplateError", "render_chat_template", "validate_messages"]
+from batchgen.tokenizer.template_limits import RenderBudget, TemplateLimits, text_size
+from batchgen.tokenizer.template_sandbox import BUDGET_KEY, BoundedSandbox, compile_bounded
+
+__all__ = [
+    "DEFAULT_MAX_OUTPUT_CHARS",
+    "ChatTemplateError",
+    "ChatTemplateTooLong",
+    "render_chat_template",
+    "validate_messages",
+]
+
+DEFAULT_MAX_OUTPUT_CHARS = 8 << 20
+MIN_VALUE_CHARS = 4 << 20
+BASE_STEPS = 200_000
+STEPS_PER_INPUT_NODE = 1_000
+MAX_SECONDS = 10.0
 
 # Names a message's reasoning goes by; transformers fills all of them from whichever is set.
 _REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
@@ -37,6 +61,10 @@ _REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
 
 class ChatTemplateError(ValueError):
     """Messages the template cannot take, or a template that fails to compile or render."""
+
+
+class ChatTemplateTooLong(ChatTemplateError):
+    """The rendered text is longer than the `max_output_chars` the caller allowed."""
 
 
 def validate_messages(messages: object) -> list[dict[str, Any]]:
@@ -110,31 +138,61 @@ def render_chat_template(
     add_generation_prompt: bool,
     bos_token: str | None,
     eos_token: str | None,
+    max_output_chars: int = DEFAULT_MAX_OUTPUT_CHARS,
     **extra: Any,
 ) -> str:
     """Render `messages` with `template`; `extra` keywords are visible to the template.
 
-    Raises ChatTemplateError for malformed messages or a template that fails to compile or raises
-    while rendering (the original exception is chained).
+    Raises ChatTemplateTooLong once the output passes `max_output_chars` characters, and
+    ChatTemplateError for malformed messages, a template that fails to compile, raises any
+    exception while rendering (chained) or passes a limit of the module docstring.
     """
     checked = validate_messages(messages)
     compiled = _compile(template)
+    input_size = text_size(checked, limit=1 << 62)
+    limits = TemplateLimits(
+        max_value_chars=max(MIN_VALUE_CHARS, 4 * input_size.chars),
+        max_steps=BASE_STEPS + STEPS_PER_INPUT_NODE * input_size.nodes,
+        max_seconds=MAX_SECONDS,
+    )
     context: dict[str, Any] = {
         "tools": None,
         "documents": None,
         "bos_token": bos_token,
         "eos_token": eos_token,
         **extra,
+        "messages": checked,
+        "add_generation_prompt": add_generation_prompt,
+        BUDGET_KEY: RenderBudget(limits),
     }
     try:
-        return compiled.render(
-            messages=checked, add_generation_prompt=add_generation_prompt, **context
-        )
+        return _stream(compiled, context, max_output_chars)
+    except ChatTemplateError:
+        raise
     except jinja2.TemplateError as exc:
         raise ChatTemplateError(f"chat template failed: {exc}") from exc
-    except (TypeError, ValueError, KeyError, AttributeError, IndexError, ZeroDivisionError) as exc:
-        # Python errors raised by operations inside the template (e.g. `str + list`).
+    except Exception as exc:
+        # Whatever Python raises inside the template (`str + list`, a recursive macro, an
+        # overflow, memory): the row fails, not the job.
         raise ChatTemplateError(f"chat template failed: {type(exc).__name__}: {exc}") from exc
+
+
+def _stream(compiled: jinja2.Template, context: dict[str, Any], max_output_chars: int) -> str:
+    chunks: list[str] = []
+    num_chars = 0
+    stream = compiled.generate(context)
+    assert isinstance(stream, Generator)  # Template.generate is a generator function
+    try:
+        for chunk in stream:
+            num_chars += len(chunk)
+            if num_chars > max_output_chars:
+                raise ChatTemplateTooLong(
+                    f"the chat template renders more than {max_output_chars} characters"
+                )
+            chunks.append(chunk)
+    finally:
+        stream.close()
+    return "".join(chunks)
 
 
 def _raise_exception(message: str) -> NoReturn:
@@ -211,17 +269,23 @@ def _compile(template: str) -> jinja2.Template:
     """Compile once per distinct template string; a compile error is not cached."""
     if not isinstance(template, str):
         raise ChatTemplateError(f"chat template must be a string, got {type(template).__name__}")
-    env = ImmutableSandboxedEnvironment(
+    env = BoundedSandbox(
         trim_blocks=True,
         lstrip_blocks=True,
         extensions=[_GenerationBlock, jinja2.ext.loopcontrols],
+        filters={"tojson": _tojson},
+        globals_={
+            "raise_exception": _raise_exception,
+            "strftime_now": _strftime_now,
+            "dict": _TemplateDict(),
+            "namespace": _TemplateNamespace,
+        },
+        unbudgeted_value_chars=MIN_VALUE_CHARS,
     )
-    env.filters["tojson"] = _tojson
-    env.globals["raise_exception"] = _raise_exception
-    env.globals["strftime_now"] = _strftime_now
-    env.globals["dict"] = _TemplateDict()
-    env.globals["namespace"] = _TemplateNamespace
     try:
-        return env.from_string(template)
+        compiled: jinja2.Template = compile_bounded(env, template)
     except jinja2.TemplateError as exc:
         raise ChatTemplateError(f"chat template does not compile: {exc}") from exc
+    except Exception as exc:  # e.g. RecursionError from a template nested thousands deep
+        raise ChatTemplateError(f"chat template does not compile: {type(exc).__name__}: {exc}") from exc
+    return compiled
