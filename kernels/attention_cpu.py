@@ -143,7 +143,11 @@ def paged_attention_cpu(
 
     query: [num_tokens, num_heads, head_dim]; returns a new tensor of that shape. Reads the
     caches only, which must be laid out as `cpu_kv_cache` makes them. Raises RuntimeError for
-    other dtypes or another layout.
+    other dtypes or another layout, and (naming the sequence) for metadata that would read
+    outside the pools or the query: a block id a sequence reads outside [0, num_blocks), a
+    decreasing `query_start_loc` or one past the query's tokens, more query tokens than
+    `seq_lens` holds, a `seq_lens` past the block table, or tensors of mismatched lengths. The
+    kernel checks these where it reads them (about 3 us per call for a batch-64 decode step).
     """
     kernel = load_cpu_kernel()
     # A named range, so that torch.profiler shows the kernel's time (jobs/bench/profile_step.py).

@@ -477,13 +477,29 @@ torch::Tensor paged_attention(torch::Tensor query, torch::Tensor k_cache, torch:
   TORCH_CHECK(block_tables.scalar_type() == torch::kInt32 && seq_lens.scalar_type() == torch::kInt32 &&
                   query_start_loc.scalar_type() == torch::kInt32,
               "metadata must be int32");
+  TORCH_CHECK(query.dim() == 3 && query.size(2) == k_cache.size(3),
+              "cpu paged attention: query must be [num_tokens, num_heads, head_dim] with the pools' head_dim ",
+              k_cache.size(3), ", got ", query.sizes());
   const int64_t num_heads = query.size(1), head_dim = query.size(2);
   const int64_t block_size = k_cache.size(1), num_kv_heads = k_cache.size(2);
   TORCH_CHECK(num_heads % num_kv_heads == 0, "num_heads must be a multiple of num_kv_heads");
+  TORCH_CHECK(seq_lens.dim() == 1 && seq_lens.is_contiguous() && query_start_loc.is_contiguous() &&
+                  query_start_loc.dim() == 1 && query_start_loc.size(0) == seq_lens.size(0) + 1 &&
+                  block_tables.dim() == 2 && block_tables.size(0) == seq_lens.size(0),
+              "cpu paged attention: for S sequences, seq_lens must be [S], query_start_loc [S + 1] and "
+              "block_tables [S, max_blocks], got ", seq_lens.sizes(), ", ", query_start_loc.sizes(), " and ",
+              block_tables.sizes());
   const int64_t num_seqs = seq_lens.size(0);
   const int64_t max_blocks = block_tables.size(1);
   const int32_t* lens = seq_lens.data_ptr<int32_t>();
   const int32_t* starts = query_start_loc.data_ptr<int32_t>();
+  // The metadata is built by the engine, but a wrong value here would read outside the pools or
+  // write outside the output: each sequence's values are checked where the loop below reads them
+  // anyway (predictable branches; about 1 us for a batch-64 decode step's tables).
+  const int64_t num_pool_blocks = k_cache.size(0);
+  TORCH_CHECK(starts[0] >= 0 && starts[num_seqs] <= query.size(0),
+              "cpu paged attention: query_start_loc spans tokens ", starts[0], " to ", starts[num_seqs],
+              ", outside the query's ", query.size(0), " tokens");
   std::vector<Item> items;
   items.reserve(num_seqs * num_kv_heads);
 #if defined(__AVX512F__)
@@ -497,7 +513,24 @@ torch::Tensor paged_attention(torch::Tensor query, torch::Tensor k_cache, torch:
   for (int64_t s = 0; s < num_seqs; ++s) {
     const int64_t q_len = starts[s + 1] - starts[s];
     const int64_t context = lens[s] - q_len;
-    TORCH_CHECK((lens[s] + block_size - 1) / block_size <= max_blocks, "block table too short");
+    TORCH_CHECK(q_len >= 0, "cpu paged attention: query_start_loc decreases at sequence ", s, " (", starts[s],
+                " then ", starts[s + 1], ")");
+    TORCH_CHECK(context >= 0, "cpu paged attention: sequence ", s, " has ", q_len,
+                " query tokens but a seq_len of ", lens[s]);
+    const int64_t seq_blocks = (lens[s] + block_size - 1) / block_size;
+    TORCH_CHECK(seq_blocks <= max_blocks, "cpu paged attention: sequence ", s, " has seq_len ", lens[s],
+                ", more than its block table's ", max_blocks, " blocks of ", block_size, " hold");
+    const int32_t* table = tables + s * max_blocks;
+    bool ids_in_pool = true;
+    for (int64_t b = 0; b < seq_blocks; ++b) {
+      ids_in_pool &= static_cast<uint64_t>(static_cast<int64_t>(table[b])) < static_cast<uint64_t>(num_pool_blocks);
+    }
+    if (C10_UNLIKELY(!ids_in_pool)) {
+      const int64_t b = std::find_if(table, table + seq_blocks,
+                                     [&](int32_t id) { return id < 0 || id >= num_pool_blocks; }) - table;
+      TORCH_CHECK(false, "cpu paged attention: sequence ", s, " reads block id ", table[b], " (block index ", b,
+                  "), outside the pool's ", num_pool_blocks, " blocks");
+    }
     if (q_len == 1) {
       decode.push_back(s);
       continue;
