@@ -1,76 +1,63 @@
 """`executor: ray`: the job's driver hands input shards to a pool of Ray actors.
 
 Owns: the dispatch of shards to workers (`run_ray_job`), retries of failed shards, the progress
-bar over all workers and the job summary with per-worker figures.
+bar over all workers, the job summary with per-worker figures, and which temporary files belong
+to a shard (`shard_temp_files`). The actors themselves are `batchgen.ray.pool`'s.
 
 Invariants:
 - Planning is the local executor's (`planned_job`: same lock, manifest, fingerprint, resume, `--restart`,
   temporary-file clean-up, reconciliation of shards renamed but not recorded).
 - The driver is the only writer of the manifest; a worker commits an output file, the driver
   records it. At most one worker holds a shard at a time.
-- A failed attempt (the worker died: killed, out of memory, node lost; or an unexpected error)
-  removes the shard's temporary files; if the shard's output file exists by then (renamed, not
-  yet returned) it is recorded, never generated twice; otherwise it is queued again, up to
-  `ray.max_retries` more attempts, on a fresh worker when the old one died. A shard out of
-  attempts stops the job (JobError naming it); shards committed by then stay committed.
+- A failed attempt (the worker died: killed, out of memory, stalled, node lost; or an unexpected
+  error) removes the shard's own temporary files (exact names: never another shard's) once its
+  worker is killed; if the shard's output file exists by then (renamed, not yet returned) it is
+  recorded, never generated twice; otherwise it is queued again, up to `ray.max_retries` more
+  attempts, on a fresh worker when the old one died. A shard out of attempts stops the job
+  (JobError naming it); shards committed by then stay committed.
+- A shard found unreadable on its worker under ``on_bad_shard: skip`` is recorded as a bad
+  shard in the manifest and the summary, as a local run does; under ``fail`` it stops the job.
+- The run never hangs: when the cluster can no longer run a worker (nodes lost, connection
+  shut down, no worker could start) it ends with one JobError saying how many shards are
+  committed; every temporary file is removed once the workers are killed, and a rerun resumes.
 
 May import: ray (lazily, with a message when it is missing), batchgen.job, batchgen.io.
 """
 
 from __future__ import annotations
 
+import re
 import time
 from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 from tqdm.auto import tqdm
 
-from batchgen.io import InputError, ShardRecord, write_json_atomic
+from batchgen.io import InputError, ShardRecord, clean_temp_files, write_json_atomic
 from batchgen.job.config import JobConfig, RayConfig
 from batchgen.job.files import reconcile_shard
 from batchgen.job.run import JobPlan, planned_job
 from batchgen.job.stages import JobError, PipelineStats, ShardMeta
 from batchgen.job.summary import JobSummary, make_summary
 from batchgen.ray.cluster import check_resources, connect, import_ray
-from batchgen.ray.worker import ShardResult, ShardWorker, WorkerProgress
+from batchgen.ray.pool import ClusterLostError, ShardOutcome, WorkerPool
+from batchgen.ray.worker import ShardResult
 
-__all__ = ["import_ray", "run_ray_job"]
+__all__ = ["import_ray", "run_ray_job", "shard_temp_files"]
 
 _POLL_S = 0.5
 
 
-@dataclass(slots=True)
-class _Worker:
-    """One actor and the driver's view of it."""
-
-    number: int
-    handle: Any
-    host: str = ""
-    pid: int = 0
-    shard: ShardMeta | None = None
-    ref: Any = None
-    shards: int = 0
-    rows: int = 0
-    output_tokens: int = 0
-    busy_s: float = 0.0
-    died: bool = False
-    live: WorkerProgress | None = None
-
-    def figures(self) -> dict[str, Any]:
-        return {
-            "worker": self.number,
-            "host": self.host,
-            "pid": self.pid,
-            "state": "died" if self.died else "ok",
-            "shards": self.shards,
-            "rows": self.rows,
-            "output_tokens": self.output_tokens,
-            "busy_s": round(self.busy_s, 3),
-            "output_tokens_per_s": self.output_tokens / self.busy_s if self.busy_s else 0.0,
-        }
+def shard_temp_files(out_dir: Path, name: str) -> list[Path]:
+    """The temporary files of output shard `name` in `out_dir` (``.{name}.tmp-{pid}-{hex}``,
+    `batchgen.io.new_temp_path`), matched by exact name: glob characters in `name` (``[``,
+    ``*``, ``?``) match themselves only, and another shard's name never matches."""
+    pattern = re.compile(re.escape(f".{name}.tmp-") + r"[0-9]+-[0-9a-f]+")
+    return sorted(p for p in out_dir.iterdir() if pattern.fullmatch(p.name)) if out_dir.is_dir() else []
 
 
 @dataclass(slots=True)
@@ -94,6 +81,7 @@ class _Totals:
             else:
                 s.engine[key] = s.engine.get(key, 0) + value
         s.committed_shards.extend(part.committed_shards)
+        s.bad_shards.update(part.bad_shards)
 
     def add_record(self, name: str, record: ShardRecord) -> None:
         """A shard found committed on disk after its worker failed (no pipeline figures)."""
@@ -109,7 +97,7 @@ class _Totals:
 
 
 class _Dispatcher:
-    """The pool of workers and the queue of shards of one run."""
+    """The queue of shards of one run over a pool of workers."""
 
     def __init__(
         self,
@@ -119,20 +107,16 @@ class _Dispatcher:
         setup: Callable[[], None] | None,
         use_tqdm: bool,
     ) -> None:
-        self._ray = ray
         self._config = config
         self._plan = plan
-        self._setup = setup
         self._queue = deque(plan.todo)
         self._attempts: Counter[str] = Counter()
         self._totals = _Totals()
-        self._workers: list[_Worker] = []
-        self._actor_class = ray.remote(ShardWorker).options(
-            num_cpus=config.ray.num_cpus_per_worker,
-            num_gpus=config.ray.num_gpus_per_worker,
-            max_concurrency=2,  # `progress` answers while `run_shard` runs
-            max_restarts=0,
-            max_task_retries=0,
+        self._num_shards = plan.skipped + len(plan.todo)
+        self._pool = WorkerPool(
+            ray,
+            config.ray,
+            (config, str(plan.out_dir), plan.manifest.job_time, plan.fingerprint, plan.identities, setup),
         )
         self._total_rows = sum(s.num_rows for s in plan.todo)
         self._bar = tqdm(
@@ -141,79 +125,33 @@ class _Dispatcher:
         self._done_rows = 0
         self._start = time.perf_counter()
 
-    # --- workers -------------------------------------------------------------------------------
-
-    def _new_worker(self) -> _Worker:
-        plan = self._plan
-        handle = self._actor_class.remote(
-            self._config, str(plan.out_dir), plan.manifest.job_time, plan.fingerprint, plan.identities, self._setup
-        )
-        worker = _Worker(number=len(self._workers), handle=handle)
-        self._workers.append(worker)
-        return worker
-
-    def _start_workers(self) -> None:
-        count = min(self._config.ray.num_workers, len(self._plan.todo))
-        started = [self._new_worker() for _ in range(count)]
-        for worker in started:
-            try:
-                identity = self._ray.get(worker.handle.identity.remote())
-            except self._ray.exceptions.RayError as exc:
-                raise InputError(
-                    f"{self._config.source}: a Ray worker could not start "
-                    f"(model, engine or cluster setup): {exc}"
-                ) from exc
-            worker.host, worker.pid = str(identity["host"]), int(identity["pid"])
-
-    def _replace(self, dead: _Worker) -> None:
-        dead.died = True
-        worker = self._new_worker()
-        try:
-            identity = self._ray.get(worker.handle.identity.remote())
-            worker.host, worker.pid = str(identity["host"]), int(identity["pid"])
-        except self._ray.exceptions.RayError:
-            worker.died = True  # its first shard fails, and counts as an attempt
-
-    def _live(self) -> list[_Worker]:
-        return [w for w in self._workers if not w.died]
-
     def stop(self) -> None:
-        """Kill every worker, wait for them and remove the temporary files they left."""
-        refs = [w.ref for w in self._workers if w.ref is not None]
-        for worker in self._workers:
-            self._ray.kill(worker.handle, no_restart=True)
-        if refs:
-            self._ray.wait(refs, num_returns=len(refs), timeout=30)
-        for worker in self._workers:
-            if worker.shard is not None:
-                self._clean_temp(worker.shard)
-        self._bar.close()
+        """Kill every worker, wait (bounded) for them, then remove every temporary file in the
+        output folder: with the workers gone (and the folder locked) none is being written."""
+        self._pool.stop()
+        try:
+            clean_temp_files(self._plan.out_dir)
+        finally:
+            self._bar.close()
 
     # --- shards --------------------------------------------------------------------------------
 
-    def _clean_temp(self, shard: ShardMeta) -> None:
-        for path in self._plan.out_dir.glob(f".{shard.name}.tmp-*"):
-            path.unlink(missing_ok=True)
-
-    def _submit(self, worker: _Worker, shard: ShardMeta) -> None:
-        self._attempts[shard.name] += 1
-        worker.shard = shard
-        worker.live = None
-        worker.ref = worker.handle.run_shard.remote(shard)
-
-    def _committed(self, worker: _Worker, shard: ShardMeta, result: ShardResult) -> None:
+    def _committed(self, shard: ShardMeta, result: ShardResult) -> None:
+        assert result.record is not None
         self._plan.manifest.mark_committed(shard.name, result.record)
         self._totals.add(result.stats)
-        worker.shards += 1
-        worker.rows += shard.num_rows
-        worker.output_tokens += result.stats.output_tokens
-        worker.busy_s += result.busy_s
         self._done_rows += shard.num_rows
 
-    def _failed(self, worker: _Worker, shard: ShardMeta, error: str, *, died: bool) -> None:
-        self._clean_temp(shard)
-        if died:
-            self._replace(worker)
+    def _bad(self, shard: ShardMeta, result: ShardResult) -> None:
+        """Its input turned out unreadable on the worker (``on_bad_shard: skip``)."""
+        self._totals.add(result.stats)
+        self._plan.record_bad_shards({shard.name: result.stats.bad_shards[shard.name]})
+        self._done_rows += shard.num_rows
+
+    def _failed(self, shard: ShardMeta, error: str) -> None:
+        # The pool killed a dead worker before returning its outcome: nothing writes these.
+        for path in shard_temp_files(self._plan.out_dir, shard.name):
+            path.unlink(missing_ok=True)
         out_dir = self._plan.out_dir
         if reconcile_shard(self._plan.manifest, out_dir, shard.name, self._plan.identities[shard.name]):
             # The worker renamed the output and failed before returning: the file is whole.
@@ -231,82 +169,86 @@ class _Dispatcher:
         self._totals.retries[shard.name] += 1
         self._queue.appendleft(shard)
 
-    def _collect(self, worker: _Worker) -> None:
-        ray = self._ray
-        shard, ref = worker.shard, worker.ref
-        assert shard is not None
-        worker.shard = worker.ref = None
-        try:
-            result = ray.get(ref)
-        except ray.exceptions.RayTaskError as exc:
-            cause = exc.cause
-            if isinstance(cause, JobError | InputError):
-                # Deterministic (error rate, a changed input): another attempt would fail alike.
-                raise type(cause)(f"{shard.name}: {cause}") from exc
-            self._failed(worker, shard, f"{type(cause).__name__}: {cause}", died=False)
-        except ray.exceptions.RayError as exc:
-            self._failed(worker, shard, f"worker {worker.number} died: {exc}", died=True)
+    def _collect(self, outcome: ShardOutcome) -> None:
+        shard, result, cause = outcome.shard, outcome.result, outcome.cause
+        if result is not None:
+            if result.record is None:
+                self._bad(shard, result)
+            else:
+                self._committed(shard, result)
+        elif isinstance(cause, JobError | InputError):
+            # Deterministic (error rate, a changed or unreadable input): another attempt would
+            # fail alike.
+            raise type(cause)(f"{shard.name}: {cause}") from cause
         else:
-            self._committed(worker, shard, result)
+            self._failed(shard, outcome.error)
 
     # --- the loop ------------------------------------------------------------------------------
 
     def run(self) -> PipelineStats:
-        """Dispatch until every shard is committed. Raises JobError / InputError."""
-        ray = self._ray
-        self._start_workers()
-        while True:
-            for worker in self._live():
-                if worker.shard is None and self._queue:
-                    shard = self._queue.popleft()
-                    if reconcile_shard(
-                        self._plan.manifest, self._plan.out_dir, shard.name, self._plan.identities[shard.name]
-                    ):
-                        continue
-                    self._submit(worker, shard)
-            busy = {w.ref: w for w in self._workers if w.ref is not None}
-            if not busy:
-                if self._queue:
-                    raise JobError(f"{len(self._queue)} shards left but no Ray worker is alive")
-                break
-            ready, _ = ray.wait(list(busy), num_returns=1, timeout=_POLL_S)
-            if ready:
-                ready, _ = ray.wait(list(busy), num_returns=len(busy), timeout=0)
-            for ref in ready:
-                self._collect(busy[ref])
-            self._show_progress()
+        """Dispatch until every shard is committed (or recorded bad). Raises JobError /
+        InputError; JobError saying how many shards are committed when the cluster can no
+        longer run a worker."""
+        try:
+            self._run()
+        except ClusterLostError as exc:
+            committed = len(self._plan.manifest.committed())
+            raise JobError(
+                f"the Ray cluster can no longer run this job: {exc.reason}; {committed} of "
+                f"{self._num_shards} shards are committed in {self._plan.out_dir} and stay so; "
+                "run the job again to resume"
+            ) from exc
         self._bar.close()
         stats = self._totals.stats
         stats.wall_s = time.perf_counter() - self._start
         return stats
 
-    def _show_progress(self) -> None:
-        ray = self._ray
-        asking = {w.handle.progress.remote(): w for w in self._workers if w.shard is not None}
-        if asking:
-            ready, _ = ray.wait(list(asking), num_returns=len(asking), timeout=0.2)
-            for ref in ready:
+    def _run(self) -> None:
+        pool = self._pool
+        pool.start(min(self._config.ray.num_workers, len(self._plan.todo)))
+        while True:
+            for worker in pool.idle():
+                while self._queue:
+                    shard = self._queue.popleft()
+                    if not reconcile_shard(
+                        self._plan.manifest, self._plan.out_dir, shard.name, self._plan.identities[shard.name]
+                    ):
+                        self._attempts[shard.name] += 1
+                        pool.submit(worker, shard)
+                        break
+            if not self._queue and not pool.busy():
+                return
+            if not pool.has_workers():
+                raise ClusterLostError(f"no Ray worker could be started ({pool.last_start_error})")
+            errors: list[Exception] = []
+            for outcome in pool.poll(_POLL_S):
                 try:
-                    asking[ref].live = ray.get(ref)
-                except ray.exceptions.RayError:
-                    continue  # a dead worker shows up when its shard's result is collected
+                    self._collect(outcome)
+                except (JobError, InputError) as exc:
+                    errors.append(exc)  # the other outcomes are recorded first
+            if errors:
+                raise errors[0]
+            self._show_progress()
+
+    def _show_progress(self) -> None:
+        workers = self._pool.workers()
+        busy = [w for w in workers if w.state == "busy" and w.shard is not None]
         in_flight = sum(
-            w.live.shard_rows
-            for w in self._workers
-            if w.shard is not None and w.live is not None and w.live.shard == w.shard.name
+            w.live.shard_rows for w in busy if w.live is not None and w.shard is not None and w.live.shard == w.shard.name
         )
-        tokens = sum(max(w.output_tokens, w.live.output_tokens if w.live else 0) for w in self._workers)
-        rates = [w.live.hit_rate for w in self._workers if w.live is not None]
+        tokens = sum(max(w.output_tokens, w.live.output_tokens if w.live else 0) for w in workers)
+        rates = [w.live.hit_rate for w in workers if w.live is not None]
         elapsed = max(time.perf_counter() - self._start, 1e-9)
         hit = sum(rates) / len(rates) if rates else 0.0
+        alive = sum(w.state in ("idle", "busy") for w in workers)
         self._bar.n = min(self._total_rows, self._done_rows + in_flight)
         self._bar.set_postfix_str(
-            f"out {tokens / elapsed:.1f} tok/s, hit {hit:.0%}, workers {len(self._live())}", refresh=False
+            f"out {tokens / elapsed:.1f} tok/s, hit {hit:.0%}, workers {alive}", refresh=False
         )
         self._bar.refresh()
 
     def worker_figures(self) -> list[dict[str, Any]]:
-        return [w.figures() for w in self._workers]
+        return [w.figures() for w in self._pool.workers()]
 
     def retries(self) -> dict[str, int]:
         return dict(sorted(self._totals.retries.items()))
