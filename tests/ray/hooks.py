@@ -3,8 +3,9 @@
 `run_ray_job(..., worker_setup=...)` runs a hook in each worker process before it loads the
 model; these hooks patch `OutputShardWriter.write` there, so the fault strikes in the middle of
 a shard, after its temporary output file was opened (or patch `os.replace` to die right after a
-shard's rename, before the driver hears of it). They are plain module functions (bound
-with functools.partial), importable by the workers through PYTHONPATH.
+shard's rename, before the driver hears of it), or make the worker load another model than the
+driver's. They are plain module functions (bound with functools.partial), importable by the
+workers through PYTHONPATH.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import signal
 from pathlib import Path
 from typing import Any
 
-__all__ = ["fail_on_write", "kill_after_rename", "kill_on_write", "run_all"]
+__all__ = ["fail_on_write", "kill_after_rename", "kill_on_write", "load_model_from", "run_all"]
 
 
 def kill_on_write(shard_name: str, marker: str) -> None:
@@ -62,6 +63,21 @@ def kill_after_rename(shard_name: str, marker: str) -> None:
             os.kill(os.getpid(), signal.SIGKILL)
 
     os.replace = replace
+
+
+def load_model_from(model: str) -> None:
+    """Load `model` in this worker in place of the job's: a node whose copy of the model path
+    holds other files."""
+    import dataclasses
+
+    from batchgen.ray import worker
+
+    real = worker.load_model
+
+    def load_model(config: Any) -> Any:
+        return real(dataclasses.replace(config, model=model))
+
+    worker.load_model = load_model  # type: ignore[assignment]
 
 
 def run_all(*hooks: Any) -> None:

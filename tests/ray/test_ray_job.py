@@ -1,5 +1,8 @@
 """`executor: ray`: 6 shards over 2 Ray actors write exactly what `executor: local` writes, also
-when an actor is killed mid-shard, a shard keeps failing, or the driver is SIGKILLed.
+when an actor is killed mid-shard, a shard keeps failing, or the driver is SIGKILLed; a worker
+with another model is refused; an input unreadable mid-read is a bad shard under
+``on_bad_shard: skip`` as in a local run; losing the node's Ray processes mid-job ends the run
+with one message, and a rerun on a fresh Ray finishes it (issue 20, defects 7 and 11).
 
 One Ray runtime for the module (tests/ray/conftest.py), one tiny model, one job: 6 shards of 12
 rows, small batches and windows so that each shard is written in several batches. The driver
@@ -24,6 +27,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
+from batchgen.io import InputError, ShardReadError
 from batchgen.job.config import JobConfig
 from batchgen.job.config_file import load_job_config
 from batchgen.job.run import run_job
@@ -36,6 +40,7 @@ from tests.job.helpers import (
     temp_files,
     write_job,
 )
+from tests.job.test_job_bad_shards import three_shards
 from tests.ray import hooks
 from tests.tiny_models import make_tiny_hf_folder
 
@@ -50,6 +55,8 @@ KINDS = {
     "sampled": (2, ["sampling.temperature=0.8", "sampling.n=2"]),
 }
 KILL_DRIVER = Path(__file__).resolve().parent / "kill_driver.py"
+LOSE_NODE = Path(__file__).resolve().parent / "lose_node.py"
+RAY_OVERRIDES = ["executor=ray", "ray.num_workers=2", "ray.num_cpus_per_worker=0.5", "ray.max_retries=1"]
 
 
 class Job:
@@ -73,10 +80,12 @@ class Job:
 
 
 @pytest.fixture(scope="module")
-def job(tmp_path_factory: pytest.TempPathFactory) -> Job:
-    model = make_tiny_hf_folder(
-        tmp_path_factory.mktemp("tiny"), num_heads=4, num_kv_heads=2, hidden_size=64
-    )
+def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tiny_hf_folder(tmp_path_factory.mktemp("tiny"), num_heads=4, num_kv_heads=2, hidden_size=64)
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory: pytest.TempPathFactory, model: Path) -> Job:
     folder = tmp_path_factory.mktemp("rayjob")
     write_job(
         folder / "job.yaml",
@@ -233,4 +242,108 @@ def test_driver_sigkill_then_rerun_resumes(ray_runtime: Any, job: Job, tmp_path:
     assert summary["shards"]["skipped"] >= 2
     assert summary["shards"]["skipped"] + summary["shards"]["committed_this_run"] == NUM_SHARDS
     assert {name: file_state(out_dir / name) for name in recorded} == before
+    assert_same_output(job, out_dir, "greedy")
+
+
+def test_a_worker_with_another_model_is_refused(ray_runtime: Any, job: Job, tmp_path: Path) -> None:
+    """Defect 7: a node whose model path holds other weights must not write output stamped
+    with the driver's fingerprint (a resume would accept it)."""
+    from batchgen.ray import run_ray_job
+
+    other = make_tiny_hf_folder(tmp_path, num_heads=4, num_kv_heads=2, hidden_size=64, seed=7)
+    setup = functools.partial(hooks.load_model_from, str(other))
+    with pytest.raises(InputError) as info:
+        run_ray_job(job.config("out-other-model", "greedy"), use_tqdm=False, worker_setup=setup)
+    message = str(info.value)
+    assert "the Ray worker on host " in message and "model.fingerprint: " in message, message
+    assert message.count(" -> ") == 1, message  # only the model differs
+    out_dir = job.folder / "out-other-model"
+    assert [p.name for p in out_dir.iterdir() if p.suffix == ".parquet"] == []
+    assert json.loads((out_dir / "manifest.json").read_text())["shards"] == {}
+
+
+def test_a_shard_unreadable_mid_read_is_skipped_as_in_a_local_run(
+    ray_runtime: Any, model: Path, tmp_path: Path
+) -> None:
+    """Defect 11: under on_bad_shard: skip, part-1 (footer fine, row group 2 corrupt) is a bad
+    shard in the manifest and the summary, as the local executor records it; the job goes on."""
+    from batchgen.ray import run_ray_job
+
+    job_file = three_shards(tmp_path, "skip", model)
+    run_job(load_job_config(job_file, ["output.path=out-local"]), use_tqdm=False)
+    summary = run_ray_job(load_job_config(job_file, ["output.path=out-ray", *RAY_OVERRIDES]), use_tqdm=False)
+    local_dir, ray_dir = tmp_path / "out-local", tmp_path / "out-ray"
+    local_manifest = json.loads((local_dir / "manifest.json").read_text())
+    ray_manifest = json.loads((ray_dir / "manifest.json").read_text())
+    assert sorted(ray_manifest["shards"]) == sorted(local_manifest["shards"]) == ["part-0.parquet", "part-2.parquet"]
+    assert list(ray_manifest["bad_shards"]) == ["part-1.parquet"]
+    assert ray_manifest["bad_shards"] == local_manifest["bad_shards"]
+    assert "reading failed after row 20" in ray_manifest["bad_shards"]["part-1.parquet"]["error"]
+    local_summary = json.loads((local_dir / "summary.json").read_text())
+    assert summary.data["bad_shards"] == local_summary["bad_shards"]
+    assert summary.data["shards"] == local_summary["shards"] == {"committed_this_run": 2, "skipped": 0}
+    assert summary.data["rows"]["total"] == local_summary["rows"]["total"] == 52
+    assert temp_files(ray_dir) == []
+    local_out, ray_out = read_outputs(local_dir), read_outputs(ray_dir)
+    assert sorted(ray_out) == ["part-0.parquet", "part-2.parquet"]
+    for name, table in ray_out.items():
+        assert table.drop_columns(["usage"]).equals(local_out[name].drop_columns(["usage"])), name
+
+    # A rerun does not read the bad shard again and still reports it, as a local rerun does.
+    again = run_ray_job(load_job_config(job_file, ["output.path=out-ray", *RAY_OVERRIDES]), use_tqdm=False)
+    assert again.data["shards"] == {"committed_this_run": 0, "skipped": 2}
+    assert list(again.data["bad_shards"]) == ["part-1.parquet"]
+
+
+def test_a_shard_unreadable_mid_read_stops_the_job_under_fail(
+    ray_runtime: Any, model: Path, tmp_path: Path
+) -> None:
+    from batchgen.ray import run_ray_job
+
+    job_file = three_shards(tmp_path, "fail", model)
+    with pytest.raises(ShardReadError) as info:
+        run_ray_job(load_job_config(job_file, RAY_OVERRIDES), use_tqdm=False)
+    assert "part-1.parquet" in str(info.value) and "reading failed after row 20" in str(info.value)
+    out_dir = tmp_path / "out"
+    assert not (out_dir / "part-1.parquet").exists() and temp_files(out_dir) == []
+    assert json.loads((out_dir / "manifest.json").read_text())["bad_shards"] == {}
+
+
+def test_losing_the_nodes_ray_processes_ends_the_run_then_a_rerun_finishes(
+    ray_runtime: Any, job: Job, tmp_path: Path
+) -> None:
+    """Defect 11, the incident: the driver (a subprocess with its own local Ray) loses its
+    node's Ray processes (dashboard agent killed, the raylet shuts down with it) right after
+    recording 2 of 6 shards. It must end at once with exit 1 and one message (the old driver
+    waited forever for a replacement worker), and a rerun on another Ray completes the job."""
+    pytest.importorskip("psutil")
+    out_dir = job.folder / "out-lost"
+    note = tmp_path / "lost.json"
+    args = ["run", "job.yaml", "--quiet", "--threads", "1", "--set", "output.path=out-lost",
+            "--set", "sampling.temperature=0"]
+    env = {k: v for k, v in subprocess_env().items() if k != "RAY_ADDRESS"}  # its own Ray
+    lost = subprocess.run(
+        [sys.executable, str(LOSE_NODE), str(note), "2", *args], cwd=job.folder, env=env,
+        capture_output=True, text=True, timeout=240, check=False,
+    )
+    struck = json.loads(note.read_text())
+    assert len(struck["recorded"]) == 2 and struck["killed"], struck
+    assert lost.returncode == 1, lost.stderr
+    errors = [line for line in lost.stderr.splitlines() if line.startswith("error: ")]
+    committed = json.loads((out_dir / "manifest.json").read_text())["shards"]
+    assert errors == [
+        "error: the Ray cluster can no longer run this job: no node of the Ray cluster is alive; "
+        f"{len(committed)} of {NUM_SHARDS} shards are committed in {out_dir} and stay so; "
+        "run the job again to resume"
+    ], lost.stderr
+    assert len(committed) >= 2 and temp_files(out_dir) == []
+    before = {name: file_state(out_dir / name) for name in committed}
+
+    from batchgen.ray import run_ray_job
+
+    summary = run_ray_job(job.config("out-lost", "greedy"), use_tqdm=False)
+    skipped = summary.data["shards"]["skipped"]
+    assert skipped >= len(committed)  # plus any shard renamed as the node went down
+    assert skipped + summary.data["shards"]["committed_this_run"] == NUM_SHARDS
+    assert {name: file_state(out_dir / name) for name in committed} == before
     assert_same_output(job, out_dir, "greedy")
