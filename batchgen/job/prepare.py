@@ -6,12 +6,11 @@ malformed JSONL line), invalid per-row sampling parameters, a duplicate id or a 
 context become a `PreparedRow` with an `error` (code and message), and the job goes on.
 Pure over Python values and a tokenizer; no torch, no Parquet.
 
-Length policy (``prompt_too_long``) for a prompt longer than ``max_model_len - 1`` tokens:
-``error`` makes it an error row; ``truncate_left`` / ``truncate_right`` keep the last / first
-``max_model_len - max_tokens`` tokens, so that the whole generation fits, and give an error row
-when that leaves no room at all. Chats are truncated by whole messages (the oldest non-system
-messages for ``truncate_left``, the newest ones for ``truncate_right``, leaving a user message
-last), so the template's role headers, the generation prompt included, are never cut.
+Length policy (``prompt_too_long``): see `batchgen.job.length_policy`, which also bounds the
+work a long prompt costs (a text prompt past max_model_len's character bound is cut before it is
+encoded, a chat's render stops at it) and searches chat truncations in O(log n) renders. A chat
+template that fails or passes its sandbox's limits (`batchgen.tokenizer.chat_template`) is a
+``chat_template_error`` row.
 
 Chat templates see ``strftime_now`` at the job's pinned time (`RowPreparer` ``now``), so a
 resumed job renders the same prompts on another day.
@@ -28,14 +27,17 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any
 
 import xxhash
 
 from batchgen.engine.sampling_params import SamplingParams
 from batchgen.engine.seeding import derive_seed
+from batchgen.job.length_policy import LengthPolicy, PolicyName
+from batchgen.job.row_error import RowError
 from batchgen.tokenizer.chat_template import (
     ChatTemplateError,
+    ChatTemplateTooLong,
     render_chat_template,
     validate_messages,
 )
@@ -44,14 +46,6 @@ from batchgen.tokenizer.tokenizer import Tokenizer
 __all__ = ["MAX_TRACKED_IDS", "PreparedRow", "RowError", "RowPreparer", "id_hash", "row_seed"]
 
 MAX_TRACKED_IDS = 4_000_000  # ~70 bytes each in a Python set: a few hundred MB at most
-
-LengthPolicy = Literal["error", "truncate_left", "truncate_right"]
-
-
-@dataclass(frozen=True, slots=True)
-class RowError:
-    code: str
-    message: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,7 +89,7 @@ class RowPreparer:
         sampling: SamplingParams,
         *,
         max_model_len: int,
-        prompt_too_long: LengthPolicy,
+        prompt_too_long: PolicyName,
         job_seed: int,
         now: datetime,
         vocab_size: int | None = None,
@@ -104,8 +98,10 @@ class RowPreparer:
         self._tokenizer = tokenizer
         self._vocab_size = tokenizer.vocab_size if vocab_size is None else vocab_size
         self._sampling = sampling
-        self._max_model_len = max_model_len
         self._policy = prompt_too_long
+        self._length = LengthPolicy(
+            tokenizer, max_model_len=max_model_len, policy=prompt_too_long, render=self._chat_text
+        )
         self._job_seed = job_seed
         self._now = now
         self._seen_ids: dict[int, set[int | str]] = {}
@@ -142,7 +138,7 @@ class RowPreparer:
         """
         seen = self._seen_ids.setdefault(shard, set())
         rows: list[PreparedRow] = []
-        texts: list[str] = []
+        texts: list[str | None] = []  # None: a chat rendered past the length bound
         chats: list[bool] = []
         pending: list[tuple[int, SamplingParams]] = []  # (position in batch, params) of texts
         for i, raw_id in enumerate(ids):
@@ -165,10 +161,12 @@ class RowPreparer:
                 elif token_ids is not None:
                     ids_, error = self._token_ids(token_ids[i])
                     if error is None:
-                        ids_, error = self._apply_length_policy(ids_, params)
+                        ids_, error = self._length.apply(ids_, params)
                         prompt_ids = tuple(ids_) if error is None else None
                 else:
                     text, error = self._prompt(prompts[i] if prompts else None)
+                    if text is not None:
+                        text, error = self._length.bound_text(text)
             rows.append(
                 PreparedRow(
                     shard=shard,
@@ -182,7 +180,7 @@ class RowPreparer:
                     error=error,
                 )
             )
-            if error is None and text is not None and params is not None:
+            if error is None and (text is not None or is_chat) and params is not None:
                 texts.append(text)
                 chats.append(is_chat)
                 pending.append((i, params))
@@ -192,15 +190,19 @@ class RowPreparer:
             group = [k for k, c in enumerate(chats) if c == chat]
             if not group:
                 continue
-            encoded = self._tokenizer.encode_batch(
-                [texts[k] for k in group], add_special_tokens=not chat
+            encoded = iter(
+                self._tokenizer.encode_batch(
+                    [t for k in group if (t := texts[k]) is not None], add_special_tokens=not chat
+                )
             )
-            for k, encoded_ids in zip(group, encoded, strict=True):
+            for k in group:
                 i, params = pending[k]
+                encoded_ids = None if texts[k] is None else list(next(encoded))
                 if chat and messages is not None:
-                    ids_, error = self._chat_length_policy(list(encoded_ids), list(messages[i]), params)
+                    ids_, error = self._length.apply_chat(encoded_ids, list(messages[i]), params)
                 else:
-                    ids_, error = self._apply_length_policy(list(encoded_ids), params)
+                    assert encoded_ids is not None
+                    ids_, error = self._length.apply(encoded_ids, params)
                 row = rows[i]
                 rows[i] = PreparedRow(
                     shard=row.shard,
@@ -273,6 +275,8 @@ class RowPreparer:
         return value, None
 
     def _render(self, value: Any) -> tuple[str | None, RowError | None]:
+        """The chat's prompt text; None (without an error) when it renders past the length
+        bound and the policy truncates."""
         if value is None:
             return None, RowError("invalid_messages", "the messages are null")
         if not isinstance(value, list | tuple) or not value:
@@ -282,12 +286,17 @@ class RowPreparer:
         except ChatTemplateError as exc:
             return None, RowError("invalid_messages", str(exc))
         try:
-            return self._chat_text(list(value)), None
+            return self._chat_text(list(value), self._length.max_prompt_chars), None
+        except ChatTemplateTooLong:
+            if self._policy == "error":
+                return None, self._length.over_bound_error()
+            return None, None
         except ChatTemplateError as exc:
             return None, RowError("chat_template_error", str(exc))
 
-    def _chat_text(self, messages: list[Any]) -> str:
-        """The prompt text of `messages` with the generation prompt, at the pinned time."""
+    def _chat_text(self, messages: list[Any], max_output_chars: int) -> str:
+        """The prompt text of `messages` with the generation prompt, at the pinned time; raises
+        ChatTemplateTooLong past `max_output_chars` characters."""
         tok = self._tokenizer
         if tok.chat_template is None:
             raise ChatTemplateError("the tokenizer has no chat template")
@@ -297,73 +306,8 @@ class RowPreparer:
             add_generation_prompt=True,
             bos_token=tok.bos_token,
             eos_token=tok.eos_token,
+            max_output_chars=max_output_chars,
             strftime_now=self._now.strftime,
-        )
-
-    def _budget(self, num_tokens: int, params: SamplingParams) -> tuple[int | None, RowError | None]:
-        """(None, None) when a prompt of `num_tokens` fits; else the number of tokens the
-        policy keeps, or the error row."""
-        limit = self._max_model_len - 1  # room for at least one generated token
-        if num_tokens <= limit:
-            return None, None
-        if self._policy == "error":
-            return None, RowError(
-                "prompt_too_long",
-                f"the prompt has {num_tokens} tokens; max_model_len={self._max_model_len} leaves room for {limit}",
-            )
-        keep = min(limit, self._max_model_len - params.max_tokens)
-        if keep < 1:
-            return None, RowError(
-                "prompt_too_long",
-                f"the prompt has {num_tokens} tokens and {self._policy} keeps max_model_len - "
-                f"max_tokens = {self._max_model_len} - {params.max_tokens}, which leaves no room "
-                "for the prompt; lower max_tokens",
-            )
-        return keep, None
-
-    def _apply_length_policy(
-        self, token_ids: list[int], params: SamplingParams
-    ) -> tuple[list[int], RowError | None]:
-        if not token_ids:
-            return token_ids, RowError("invalid_prompt", "the prompt encodes to no tokens")
-        keep, error = self._budget(len(token_ids), params)
-        if keep is None:
-            return token_ids, error
-        if self._policy == "truncate_left":
-            return token_ids[len(token_ids) - keep :], None
-        return token_ids[:keep], None
-
-    def _chat_length_policy(
-        self, token_ids: list[int], messages: list[Any], params: SamplingParams
-    ) -> tuple[list[int], RowError | None]:
-        """Drop whole messages until the rendered chat fits the policy's budget (module
-        docstring); an error row when only system messages, or nothing, would remain."""
-        if not token_ids:
-            return token_ids, RowError("invalid_prompt", "the prompt encodes to no tokens")
-        keep, error = self._budget(len(token_ids), params)
-        if keep is None:
-            return token_ids, error
-        num_system = 0
-        while num_system < len(messages) and messages[num_system].get("role") == "system":
-            num_system += 1
-        system, rest = messages[:num_system], messages[num_system:]
-        while len(rest) > 1:
-            if self._policy == "truncate_left":
-                rest = rest[1:]
-            else:
-                rest = rest[:-1]
-                while len(rest) > 1 and rest[-1].get("role") == "assistant":
-                    rest = rest[:-1]
-            try:
-                ids = self._tokenizer.encode(self._chat_text(system + rest), add_special_tokens=False)
-            except ChatTemplateError as exc:  # e.g. a template that insists on alternation
-                return token_ids, RowError("chat_template_error", f"after truncation: {exc}")
-            if len(ids) <= keep:
-                return ids, None
-        return token_ids, RowError(
-            "prompt_too_long",
-            f"the chat has {len(token_ids)} tokens; {self._policy} drops whole messages but "
-            f"even one message with the system prompt exceeds max_model_len - max_tokens = {keep}",
         )
 
 

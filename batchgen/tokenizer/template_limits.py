@@ -177,7 +177,7 @@ class RenderBudget:
         self._produced_left = limits.max_value_chars
         self._clock = clock
         self._deadline = clock() + limits.max_seconds
-        self._next_clock_check = limits.max_steps - _CLOCK_EVERY
+        self._next_clock_check = max(limits.max_steps - _CLOCK_EVERY, 0)
 
     def spend(self, steps: int) -> None:
         """Charge `steps`; the deadline is checked every `_CLOCK_EVERY` steps."""
@@ -189,7 +189,7 @@ class RenderBudget:
                 )
             if self._clock() >= self._deadline:
                 raise TemplateLimitError("chat template ran past its time limit")
-            self._next_clock_check = self._steps_left - _CLOCK_EVERY
+            self._next_clock_check = max(self._steps_left - _CLOCK_EVERY, 0)
 
     def produce(self, num_chars: int) -> None:
         """Charge characters printed into the output or a block's buffer."""
