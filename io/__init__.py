@@ -10,6 +10,7 @@ Owns (one module each):
 - ``writer``: output shards written to a temporary file and renamed whole on commit;
 - ``manifest``: ``manifest.json``, the committed shards and the configuration fingerprint;
 - ``identity``: what identifies an input shard (path, size, rows, footer hash);
+- ``job_folder``: a job's folder and the reserved names of its side files (`JobFolder`);
 - ``lock``: the exclusive lock of an output folder for a whole run;
 - ``errors``: `InputError`, whose message is shown to users as it is.
 
@@ -24,6 +25,8 @@ from __future__ import annotations
 
 from .errors import InputChangedError, InputError, ShardReadError
 from .identity import InputIdentity
+from .job_folder import SIDE_FILE_NAMES, JobFolder, is_output_name
+from .listing import FileKey, file_key
 from .lock import LOCK_NAME, OutputLock
 from .manifest import (
     MANIFEST_NAME,
@@ -65,6 +68,7 @@ from .writer import (
     OutputShardWriter,
     check_output_dir,
     clean_temp_files,
+    find_temp_files,
     fsync_path,
     write_bytes_atomic,
     write_json_atomic,
@@ -77,14 +81,17 @@ __all__ = [
     "MANIFEST_NAME",
     "OUTPUT_COLUMNS",
     "REPORT_NAME",
+    "SIDE_FILE_NAMES",
     "SUMMARY_NAME",
     "TIMELINE_NAME",
     "BadShard",
     "ColumnMap",
+    "FileKey",
     "InputChangedError",
     "InputError",
     "InputIdentity",
     "InputShard",
+    "JobFolder",
     "Manifest",
     "OutputLock",
     "OutputRow",
@@ -96,11 +103,14 @@ __all__ = [
     "check_output_outside_inputs",
     "check_unchanged",
     "clean_temp_files",
+    "file_key",
     "find_input_shards",
+    "find_temp_files",
     "fingerprint_digest",
     "fsync_path",
     "hive_partitions",
     "inspect_shard",
+    "is_output_name",
     "iter_shard_batches",
     "list_input_shards",
     "output_schema",

@@ -15,6 +15,13 @@ Invariants:
   footer hash); each output file carries the same identity and the fingerprint's digest in its
   Parquet key-value metadata (`shard_metadata`, `read_shard_metadata`), so a resume can refuse
   an output made from other data or another configuration, naming the shard.
+- A shard whose output file carries no metadata of its own (an OpenAI response file) is recorded
+  as pending, with its input's identity, before its file is renamed into place
+  (`mark_pending`); a run killed between the rename and the record leaves a file that the next
+  run adopts only when that pending identity matches today's input.
+- Every shard name (committed, bad or pending) is one plain file name (`is_output_name`): a manifest
+  with ``"../x"``, an absolute path or a side file's name is refused when loaded, so nothing
+  that reads or deletes by these names can reach outside the output folder.
 - ``job_time`` is the moment the job started (ISO 8601, local time, seconds); a resumed run
   reuses it (chat templates' ``strftime_now`` sees it), so prompts do not change with the date.
 
@@ -26,7 +33,8 @@ Layout::
      "shards": {"part-0.parquet": {"input_path": ..., "input_size": ..., "num_input_rows": ...,
                                    "input_footer_hash": ..., "num_output_rows": ..., ...}},
      "bad_shards": {"part-3.parquet": {"input_path": ..., "input_size": ..., ...,
-                                       "error": "..."}}}
+                                       "error": "..."}},
+     "pending": {"results.jsonl": {"path": ..., "size": ..., "num_rows": ..., "footer_hash": ...}}}
 
 May import: the standard library and pyarrow. Nothing of batchgen, no torch.
 """
@@ -47,6 +55,7 @@ import pyarrow.parquet as pq
 
 from .errors import InputError
 from .identity import InputIdentity
+from .job_folder import is_output_name
 from .writer import write_json_atomic
 
 __all__ = [
@@ -224,7 +233,8 @@ def _diff(old: Any, new: Any, path: str, lines: list[str]) -> None:
 
 
 class Manifest:
-    """The manifest of one output folder; `mark_committed`, `mark_bad` and `create` save it."""
+    """The manifest of one output folder (the file `name` in it: `JobFolder.manifest_name`);
+    `mark_committed`, `mark_bad` and `create` save it."""
 
     def __init__(
         self,
@@ -234,16 +244,23 @@ class Manifest:
         *,
         job_time: str,
         bad_shards: Mapping[str, BadShard] | None = None,
+        name: str = MANIFEST_NAME,
+        pending: Mapping[str, InputIdentity] | None = None,
     ) -> None:
+        for shard in [*shards, *(bad_shards or {}), *(pending or {})]:
+            if not is_output_name(shard):
+                raise ValueError(f"shard name {shard!r} is not a plain output file name")
         self._out_dir = out_dir
+        self._name = name
         self._fingerprint = _to_json_value(fingerprint)
         self._shards = dict(shards)
         self._job_time = job_time
         self._bad_shards = dict(bad_shards or {})
+        self._pending = dict(pending or {})
 
     @property
     def path(self) -> Path:
-        return self._out_dir / MANIFEST_NAME
+        return self._out_dir / self._name
 
     @property
     def fingerprint(self) -> dict[str, Any]:
@@ -256,10 +273,11 @@ class Manifest:
         return self._job_time
 
     @classmethod
-    def load(cls, out_dir: Path) -> Manifest | None:
-        """The manifest in `out_dir`, or None if there is none. Raises InputError naming the
-        file when it cannot be read or is not a manifest (of this format)."""
-        path = out_dir / MANIFEST_NAME
+    def load(cls, out_dir: Path, *, name: str = MANIFEST_NAME) -> Manifest | None:
+        """The manifest `name` in `out_dir`, or None if there is none. Raises InputError naming
+        the file when it cannot be read or is not a manifest (of this format), a shard name
+        included (one plain file name each)."""
+        path = out_dir / name
         try:
             text = path.read_text(encoding="utf-8")
         except FileNotFoundError:
@@ -274,22 +292,28 @@ class Manifest:
             if not isinstance(fingerprint, dict) or not isinstance(shards, dict):
                 raise ValueError('expected "fingerprint" and "shards" objects')
             job_time, bad = data.get("job_time"), data.get("bad_shards", {})
-            if not isinstance(job_time, str) or not isinstance(bad, dict):
-                raise ValueError('expected a "job_time" string and a "bad_shards" object')
-            records = {name: ShardRecord.from_json(rec) for name, rec in shards.items()}
-            bad_shards = {name: BadShard.from_json(rec) for name, rec in bad.items()}
+            pending_data = data.get("pending", {})
+            if not isinstance(job_time, str) or not isinstance(bad, dict) or not isinstance(pending_data, dict):
+                raise ValueError('expected a "job_time" string and "bad_shards" and "pending" objects')
+            records = {shard: ShardRecord.from_json(rec) for shard, rec in shards.items()}
+            bad_shards = {shard: BadShard.from_json(rec) for shard, rec in bad.items()}
+            pending = {shard: InputIdentity.from_json(rec) for shard, rec in pending_data.items()}
+            return cls(
+                out_dir, fingerprint, records, job_time=job_time, bad_shards=bad_shards, name=name, pending=pending
+            )
         except (ValueError, TypeError, AttributeError) as exc:
             raise InputError(
                 f"{path}: not a valid batchgen manifest ({exc}); "
                 "run with --restart to discard it and regenerate every shard"
             ) from exc
-        return cls(out_dir, fingerprint, records, job_time=job_time, bad_shards=bad_shards)
 
     @classmethod
-    def create(cls, out_dir: Path, fingerprint: Mapping[str, Any], *, job_time: str) -> Manifest:
+    def create(
+        cls, out_dir: Path, fingerprint: Mapping[str, Any], *, job_time: str, name: str = MANIFEST_NAME
+    ) -> Manifest:
         """A manifest with no committed shard, saved at once. Raises ValueError if the
         fingerprint is not JSON-able, OSError if it cannot be written."""
-        manifest = cls(out_dir, fingerprint, {}, job_time=job_time)
+        manifest = cls(out_dir, fingerprint, {}, job_time=job_time, name=name)
         manifest.save()
         return manifest
 
@@ -309,26 +333,47 @@ class Manifest:
         """The input shards skipped as unreadable, by output shard name (a copy)."""
         return dict(self._bad_shards)
 
+    def pending(self) -> dict[str, InputIdentity]:
+        """Shards about to be renamed into place, with their input's identity (a copy)."""
+        return dict(self._pending)
+
+    def mark_pending(self, shard_name: str, identity: InputIdentity) -> None:
+        """Record, before its output file is renamed into place, the input a shard is made from
+        (for outputs that carry no metadata of their own), and save."""
+        if not is_output_name(shard_name):
+            raise ValueError(f"shard name {shard_name!r} is not a plain output file name")
+        self._pending[shard_name] = identity
+        self.save()
+
     def mark_committed(self, shard_name: str, record: ShardRecord) -> None:
-        """Record a committed shard (no longer bad, if it was) and save."""
+        """Record a committed shard (no longer bad or pending, if it was) and save. Raises
+        ValueError for a name that is not a plain output file name."""
+        if not is_output_name(shard_name):
+            raise ValueError(f"shard name {shard_name!r} is not a plain output file name")
         self._shards[shard_name] = record
         self._bad_shards.pop(shard_name, None)
+        self._pending.pop(shard_name, None)
         self.save()
 
     def mark_bad(self, shard_name: str, bad: BadShard) -> None:
-        """Record an input shard skipped as unreadable and save."""
+        """Record an input shard skipped as unreadable and save. Raises ValueError for a name
+        that is not a plain output file name."""
+        if not is_output_name(shard_name):
+            raise ValueError(f"shard name {shard_name!r} is not a plain output file name")
         self._bad_shards[shard_name] = bad
         self.save()
 
     def save(self) -> None:
         """Replace ``manifest.json`` atomically and durably."""
-        data = {
+        data: dict[str, Any] = {
             "format": _FORMAT,
             "fingerprint": self._fingerprint,
             "job_time": self._job_time,
             "shards": {name: rec.to_json() for name, rec in self._shards.items()},
             "bad_shards": {name: bad.to_json() for name, bad in self._bad_shards.items()},
         }
+        if self._pending:
+            data["pending"] = {name: identity.to_json() for name, identity in self._pending.items()}
         write_json_atomic(self.path, data)
 
 

@@ -19,7 +19,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
+import stat
+from collections.abc import Collection
 from pathlib import Path
 from types import TracebackType
 
@@ -35,6 +38,7 @@ __all__ = [
     "OutputShardWriter",
     "check_output_dir",
     "clean_temp_files",
+    "find_temp_files",
     "fsync_path",
     "new_temp_path",
     "write_bytes_atomic",
@@ -47,7 +51,7 @@ SUMMARY_NAME = "summary.json"
 TIMELINE_NAME = "timeline.parquet"
 REPORT_NAME = "report.html"
 
-_TEMP_GLOB = ".*.tmp-*"
+_TEMP_NAME = re.compile(r"\.(?P<name>.+)\.tmp-\d+-[0-9a-f]+")
 
 
 def new_temp_path(out_dir: Path, name: str) -> Path:
@@ -202,14 +206,27 @@ class OutputShardWriter:
         self.abort()
 
 
-def clean_temp_files(out_dir: Path) -> int:
-    """Delete the temporary files (``.*.tmp-*``) a killed run left in `out_dir`; return how
-    many. A missing folder holds none."""
+def find_temp_files(out_dir: Path, names: Collection[str] | None = None) -> list[Path]:
+    """The temporary files in `out_dir` (``.{name}.tmp-{pid}-{hex}``, as `new_temp_path` makes
+    them), sorted; with `names`, only those of these final names, matched exactly (glob
+    characters in a name match themselves only). A missing folder holds none."""
     if not out_dir.is_dir():
-        return 0
+        return []
+    found = []
+    for path in sorted(out_dir.iterdir()):
+        match = _TEMP_NAME.fullmatch(path.name)
+        if match is not None and (names is None or match.group("name") in names):
+            found.append(path)
+    return found
+
+
+def clean_temp_files(out_dir: Path, names: Collection[str] | None = None) -> int:
+    """Delete the temporary files a killed run left in `out_dir` (`find_temp_files`; with
+    `names`, only theirs: a folder shared by several jobs, each cleans its own); return how
+    many. Only regular files are deleted, never through a symbolic link."""
     removed = 0
-    for path in sorted(out_dir.glob(_TEMP_GLOB)):
-        if path.is_file():
+    for path in find_temp_files(out_dir, names):
+        if stat.S_ISREG(os.lstat(path).st_mode):
             path.unlink(missing_ok=True)
             removed += 1
     if removed:

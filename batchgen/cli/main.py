@@ -129,11 +129,12 @@ def _run(args: argparse.Namespace) -> int:
     if rc is not None:
         return rc
     if config.report:
-        out_dir = config.resolve_path(config.io.output)
+        from batchgen.job.run import job_folder
+
         try:
             from batchgen.report import write_job_report
 
-            path = write_job_report(out_dir).html
+            path = write_job_report(job_folder(config)).html
         except ImportError as exc:  # matplotlib missing: the job's outputs are complete all the same
             print(f"{'report':<28}not written ({exc.name or exc} is not installed; report: false silences this)")
             return 0
@@ -145,11 +146,14 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from batchgen.io import InputError
+    from batchgen.io import InputError, JobFolder
     from batchgen.report import write_job_report
 
+    target = Path(args.out_dir)
+    # A job's folder, or a run-batch response file (its side files are named after it).
+    folder = JobFolder.for_output_file(target) if target.is_file() else JobFolder(target)
     try:
-        paths = write_job_report(Path(args.out_dir), png=args.format == "png")
+        paths = write_job_report(folder, png=args.format == "png")
     except (FileNotFoundError, ValueError, InputError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -235,7 +239,8 @@ def build_parser() -> argparse.ArgumentParser:
     batch.add_argument("-i", "--input", required=True, help="request file (JSONL: custom_id, method, url, body)")
     batch.add_argument(
         "-o", "--output", required=True,
-        help="response file (JSONL); manifest.json and summary.json go next to it",
+        help="response file (JSONL); its manifest, summary and timeline go next to it, named after "
+        "it (results.jsonl.manifest.json, ...), so several batches can share a folder",
     )
     batch.add_argument("--model", default=None, help="HF folder or .gguf (default: built-in SmolLM2-135M)")
     batch.add_argument("--max-tokens", type=int, default=16, help="for requests without max_tokens")
@@ -251,7 +256,11 @@ def build_parser() -> argparse.ArgumentParser:
     batch.add_argument("--quiet", action="store_true", help="no progress bar")
     batch.set_defaults(func=_run_batch)
     report = sub.add_parser("report", help="write OUT_DIR/report.html: plots of the job's timeline, shards, errors, config")
-    report.add_argument("out_dir", help="a job's output folder (holds summary.json, manifest.json, timeline.parquet)")
+    report.add_argument(
+        "out_dir",
+        help="a job's output folder (holds summary.json, manifest.json, timeline.parquet), or a "
+        "run-batch response file",
+    )
     report.add_argument(
         "--format", choices=["html", "png"], default="html", help="png: also write each figure as OUT_DIR/report_figures/NAME.png"
     )

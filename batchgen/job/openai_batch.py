@@ -34,6 +34,7 @@ from batchgen.io import (
     OutputRow,
     ShardInfo,
     ShardRecord,
+    file_key,
     find_input_shards,
 )
 from batchgen.io.jsonl_writer import JsonlShardWriter, summarize_openai_output
@@ -55,13 +56,16 @@ _URL, _MODEL, _LINE = 0, 1, 2
 
 
 def check_output_files_not_inputs(out_dir: Path, names: Sequence[str], input_paths: Sequence[Path]) -> None:
-    """Refuse an output file (``out_dir/name``) that is an input file (symbolic links resolved):
-    writing it would overwrite the requests, and ``--restart`` would delete them. Raises
-    InputError naming both."""
+    """Refuse an output or side file (``out_dir/name``) that is an input file: the same path
+    once links are resolved, or the same device and inode (a hard link, a bind mount, another
+    case on a case-insensitive file system). Writing it would overwrite the requests, and
+    ``--restart`` would delete them. Raises InputError naming both."""
     inputs = {os.path.realpath(p): p for p in input_paths}
+    keys = {file_key(p): p for p in input_paths}
+    keys.pop(None, None)
     for name in names:
         out = out_dir / name
-        same = inputs.get(os.path.realpath(out))
+        same = inputs.get(os.path.realpath(out)) or keys.get(file_key(out))
         if same is not None:
             raise InputError(
                 f"output file {out} is the input file {same}: writing it would overwrite the "
@@ -88,7 +92,6 @@ def plan_openai_shards(config: JobConfig) -> list[ShardInfo]:
         if name is None and config.io.output_format == "parquet":
             out_name = out_name.removesuffix(".jsonl") + ".parquet"
         planned.append(inspect_openai_batch(s.path, name=out_name))
-    check_output_files_not_inputs(out_dir, [info.name for info in planned], [s.path for s in shards])
     return planned
 
 
@@ -238,7 +241,10 @@ def _requests(rows: Sequence[OutputRow]) -> Iterator[list[OutputRow]]:
 
 class OpenAIBatchSink:
     """Writes each shard as a response file; each committed shard's record (with its request
-    file's identity, `identities[shard name]`) goes to `on_commit`, as with `FileSink`."""
+    file's identity, `identities[shard name]`) goes to `on_commit`, as with `FileSink`. A
+    response file carries no metadata, so its request file's identity goes to `on_pending`
+    before the file is renamed into place (what a resume checks a file it finds unrecorded
+    against)."""
 
     def __init__(
         self,
@@ -247,8 +253,10 @@ class OpenAIBatchSink:
         served_model: str,
         identities: Mapping[str, InputIdentity],
         on_commit: Callable[[str, ShardRecord], None],
+        on_pending: Callable[[str, InputIdentity], None],
     ) -> None:
         self._out_dir = out_dir
+        self._on_pending = on_pending
         self._tokenizer = tokenizer
         self._served_model = served_model
         self._identities = identities
@@ -276,6 +284,7 @@ class OpenAIBatchSink:
 
     def commit(self, shard: ShardMeta, stats: ShardStats) -> None:
         try:
+            self._on_pending(shard.name, self._identities[shard.name])
             path = self._writer(shard).commit()
             del self._writers[shard.index]
             record = summarize_openai_output(path, input=self._identities[shard.name])

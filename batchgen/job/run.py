@@ -31,9 +31,9 @@ from batchgen import __version__
 from batchgen.engine.llm_engine import LLMEngine
 from batchgen.engine.sampling_params import SamplingParams
 from batchgen.io import (
-    SUMMARY_NAME,
     InputError,
     InputIdentity,
+    JobFolder,
     Manifest,
     OutputLock,
     ShardInfo,
@@ -48,7 +48,12 @@ from batchgen.io import (
 )
 from batchgen.job.config import JobConfig
 from batchgen.job.files import FileSink, FileSource
-from batchgen.job.openai_batch import OpenAIBatchSink, OpenAIBatchSource, plan_openai_shards
+from batchgen.job.openai_batch import (
+    OpenAIBatchSink,
+    OpenAIBatchSource,
+    check_output_files_not_inputs,
+    plan_openai_shards,
+)
 from batchgen.job.pipeline import run_pipeline_sync
 from batchgen.job.prepare import RowPreparer
 from batchgen.job.resume import ConfigChangedError, bad_shard, open_manifest, plan_resume
@@ -65,6 +70,7 @@ __all__ = [
     "build_engine",
     "build_job_engine",
     "job_fingerprint",
+    "job_folder",
     "make_summary",
     "pipeline_options",
     "planned_job",
@@ -131,12 +137,28 @@ def _plan_shards(config: JobConfig) -> tuple[list[Path], list[ShardInfo], dict[s
     return paths, infos, unreadable
 
 
-def _check_output_location(config: JobConfig, out_dir: Path, paths: list[Path]) -> None:
-    """Parquet output: the output folder must lie outside the input set. OpenAI batch output
-    (``run-batch``, the response file next to the request file): the output files must not be
-    input files (checked by `plan_openai_shards`)."""
+def job_folder(config: JobConfig) -> JobFolder:
+    """The job's output folder and side-file names: plain for a folder of shards, named after
+    the output file for one named output (``run-batch -o results.jsonl``: side files
+    ``results.jsonl.manifest.json``, ...), so that batches can share a folder."""
+    out_dir = config.resolve_path(config.io.output)
+    if config.io.output_name is not None:
+        return JobFolder.for_output_file(out_dir / config.io.output_name)
+    return JobFolder(out_dir)
+
+
+def _check_output_location(
+    config: JobConfig, folder: JobFolder, paths: list[Path], names: list[str]
+) -> None:
+    """No output takes a side file's name. Parquet output: the output folder must lie outside
+    the input set. OpenAI batch output (``run-batch``, the response file next to the request
+    file): neither the output files nor the side files may be input files."""
+    folder.check_output_names(names, "output shard")
     if config.io.output_format != "openai_jsonl":
-        check_output_outside_inputs(out_dir, config.io.input, config.base_dir, paths)
+        check_output_outside_inputs(folder.path, config.io.input, config.base_dir, paths)
+    else:
+        side = [p.name for p in folder.side_files()]
+        check_output_files_not_inputs(folder.path, [*names, *side], paths)
 
 
 def source_and_sink(
@@ -146,10 +168,11 @@ def source_and_sink(
     fingerprint: Mapping[str, Any],
     identities: Mapping[str, InputIdentity],
     on_commit: Callable[[str, ShardRecord], None],
+    on_pending: Callable[[str, InputIdentity], None],
 ) -> tuple[Source, Sink]:
     """The job's source and sink by format: Parquet files (`FileSource`, `FileSink`), or
     OpenAI batch request/response files (`batchgen.job.openai_batch`). Each committed shard's
-    record goes to `on_commit`."""
+    record goes to `on_commit`; a response file's input, before its rename, to `on_pending`."""
     source: Source
     sink: Sink
     if config.io.input_format == "openai_jsonl":
@@ -157,7 +180,9 @@ def source_and_sink(
     else:
         source = FileSource(config)
     if config.io.output_format == "openai_jsonl":
-        sink = OpenAIBatchSink(out_dir, checkpoint.tokenizer, checkpoint.source.name, identities, on_commit)
+        sink = OpenAIBatchSink(
+            out_dir, checkpoint.tokenizer, checkpoint.source.name, identities, on_commit, on_pending
+        )
     else:
         sink = FileSink(out_dir, config, fingerprint, identities, on_commit)
     return source, sink
@@ -170,6 +195,7 @@ class JobPlan:
     inputs' identities, how many are done already and the bad shards known so far."""
 
     out_dir: Path
+    folder: JobFolder
     manifest: Manifest
     checkpoint: Checkpoint
     fingerprint: dict[str, Any]
@@ -197,24 +223,27 @@ def planned_job(config: JobConfig, *, restart: bool = False) -> Iterator[JobPlan
     changed inputs unless `restart`), clean temporary files and plan the shards still to do.
     Raises InputError / ConfigChangedError before anything in the output folder changes."""
     paths, infos, unreadable = _plan_shards(config)  # every input checked before any work
-    out_dir = config.resolve_path(config.io.output)
-    _check_output_location(config, out_dir, paths)
+    folder = job_folder(config)
+    out_dir = folder.path
+    names = sorted([info.name for info in infos] + list(unreadable))
+    _check_output_location(config, folder, paths, names)
     check_output_dir(out_dir)
-    with OutputLock(out_dir):
+    with OutputLock(out_dir, folder.lock_name):
         check_device(config)
         checkpoint = load_model(config)
         fingerprint = job_fingerprint(config, checkpoint)
-        names = sorted([info.name for info in infos] + list(unreadable))
         try:
             manifest = open_manifest(
-                out_dir,
+                folder,
                 fingerprint,
                 names,
                 restart=restart,
                 job_time=datetime.now().replace(microsecond=0).isoformat(),
                 inputs=paths,
             )
-            clean_temp_files(out_dir)
+            # A named output may share its folder with other jobs: clean only its own files.
+            own = None if not folder.prefix else [*names, *manifest.committed(), *(p.name for p in folder.side_files())]
+            clean_temp_files(out_dir, own)
             resume = plan_resume(
                 out_dir,
                 manifest,
@@ -243,6 +272,7 @@ def planned_job(config: JobConfig, *, restart: bool = False) -> Iterator[JobPlan
         ]
         yield JobPlan(
             out_dir=out_dir,
+            folder=folder,
             manifest=manifest,
             checkpoint=checkpoint,
             fingerprint=fingerprint,
@@ -294,14 +324,26 @@ def run_job(config: JobConfig, *, restart: bool = False, use_tqdm: bool = True) 
     start = time.perf_counter()
     with planned_job(config, restart=restart) as plan:
         engine, preparer = build_job_engine(config, plan.checkpoint, plan.manifest.job_time)
-        timeline = TimelineFile(plan.out_dir, new_run_id(), engine.timeline, keep_previous=not restart)
+        timeline = TimelineFile(
+            plan.out_dir,
+            new_run_id(),
+            engine.timeline,
+            keep_previous=not restart,
+            name=plan.folder.timeline_name,
+        )
 
         def committed(name: str, record: ShardRecord) -> None:
             plan.manifest.mark_committed(name, record)
             timeline.save()
 
         source, sink = source_and_sink(
-            config, plan.out_dir, plan.checkpoint, plan.fingerprint, plan.identities, committed
+            config,
+            plan.out_dir,
+            plan.checkpoint,
+            plan.fingerprint,
+            plan.identities,
+            committed,
+            plan.manifest.mark_pending,
         )
         options = dataclasses.replace(
             pipeline_options(config, use_tqdm=use_tqdm),
@@ -330,7 +372,7 @@ def run_job(config: JobConfig, *, restart: bool = False, use_tqdm: bool = True) 
             ),
         }
         try:
-            write_json_atomic(plan.out_dir / SUMMARY_NAME, summary.data)
+            write_json_atomic(plan.folder.summary, summary.data)
         except OSError as exc:
             raise JobError(f"output folder {plan.out_dir}: {exc}") from exc
     return summary

@@ -68,11 +68,12 @@ class TimelineFile:
         *,
         keep_previous: bool,
         save_every_s: float = 60.0,
+        name: str = TIMELINE_NAME,
     ) -> None:
         """save_every_s: the least time between two saves by `save_if_due`. keep_previous: append to the runs already in the file (a resume); otherwise the
         file's old content is dropped at the first save (a first run or a --restart).
         Raises JobError if an earlier file cannot be read as a timeline."""
-        self.path = out_dir / TIMELINE_NAME
+        self.path = out_dir / name  # `JobFolder.timeline_name`
         self.run_id = run_id
         self._timeline = timeline
         self._save_every_s = save_every_s

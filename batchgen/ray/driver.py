@@ -26,7 +26,6 @@ May import: ray (lazily, with a message when it is missing), batchgen.job, batch
 
 from __future__ import annotations
 
-import re
 import time
 from collections import Counter, deque
 from collections.abc import Callable
@@ -37,7 +36,13 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from batchgen.io import InputError, ShardRecord, clean_temp_files, write_json_atomic
+from batchgen.io import (
+    InputError,
+    ShardRecord,
+    clean_temp_files,
+    find_temp_files,
+    write_json_atomic,
+)
 from batchgen.job.config import JobConfig, RayConfig
 from batchgen.job.files import reconcile_shard
 from batchgen.job.run import JobPlan, planned_job
@@ -56,8 +61,8 @@ def shard_temp_files(out_dir: Path, name: str) -> list[Path]:
     """The temporary files of output shard `name` in `out_dir` (``.{name}.tmp-{pid}-{hex}``,
     `batchgen.io.new_temp_path`), matched by exact name: glob characters in `name` (``[``,
     ``*``, ``?``) match themselves only, and another shard's name never matches."""
-    pattern = re.compile(re.escape(f".{name}.tmp-") + r"[0-9]+-[0-9a-f]+")
-    return sorted(p for p in out_dir.iterdir() if pattern.fullmatch(p.name)) if out_dir.is_dir() else []
+    found: list[Path] = find_temp_files(out_dir, [name])
+    return found
 
 
 @dataclass(slots=True)
@@ -301,7 +306,7 @@ def run_ray_job(
         summary.data["executor"] = "ray"
         summary.data["ray"] = _ray_figures(config.ray, dispatcher)
         try:
-            write_json_atomic(plan.out_dir / "summary.json", summary.data)
+            write_json_atomic(plan.folder.summary, summary.data)
         except OSError as exc:
             raise JobError(f"output folder {plan.out_dir}: {exc}") from exc
     return summary

@@ -1,9 +1,11 @@
 """What a job's output folder says about its runs, read from its files only.
 
 Reads ``summary.json`` (the last run), ``manifest.json`` (fingerprint, committed shards),
-``timeline.parquet`` (every run's engine timeline) and, for error examples, the error rows of
-the committed output shards (a few columns, batch by batch, stopping once each code has its
-examples). Any file may be missing: a report of what exists is still written.
+``timeline.parquet`` (every run's engine timeline) -- under a named output's names for
+``run-batch`` (`JobFolder`) -- and, for error examples, the error rows of the committed output
+shards (Parquet: a few columns, batch by batch; OpenAI response files: their error lines;
+stopping once each code has its examples). Any file may be missing: a report of what exists is
+still written. Only regular files are read (a FIFO or a link in a shard's place is passed over).
 
 May import: batchgen.io, pyarrow.
 """
@@ -11,6 +13,9 @@ May import: batchgen.io, pyarrow.
 from __future__ import annotations
 
 import json
+import os
+import stat
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,7 +24,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from batchgen.io import SUMMARY_NAME, TIMELINE_NAME, Manifest, ShardRecord
+from batchgen.io import JobFolder, Manifest, ShardRecord
 
 __all__ = ["ErrorExample", "JobFiles", "load_job_files"]
 
@@ -47,22 +52,25 @@ class JobFiles:
     error_examples: list[ErrorExample] = field(default_factory=list)
 
 
-def load_job_files(out_dir: Path) -> JobFiles:
-    """Read the folder. Raises FileNotFoundError when it is not a folder, ValueError when a file
-    is there but unreadable (the message names it)."""
+def load_job_files(out: Path | JobFolder) -> JobFiles:
+    """Read the job folder (a plain folder path: a folder of shards). Raises
+    FileNotFoundError when it is not a folder, ValueError when a file is there but unreadable
+    (the message names it)."""
+    job = out if isinstance(out, JobFolder) else JobFolder(out)
+    out_dir = job.path
     if not out_dir.is_dir():
         raise FileNotFoundError(f"{out_dir} is not a folder")
     summary = None
-    summary_path = out_dir / SUMMARY_NAME
+    summary_path = job.summary
     if summary_path.is_file():
         try:
             summary = json.loads(summary_path.read_text(encoding="utf-8"))
         except json.JSONDecodeError as exc:
             raise ValueError(f"{summary_path}: not JSON ({exc})") from exc
-    manifest = Manifest.load(out_dir)
+    manifest = Manifest.load(out_dir, name=job.manifest_name)
     shards = manifest.committed() if manifest is not None else {}
     timeline = None
-    timeline_path = out_dir / TIMELINE_NAME
+    timeline_path = out_dir / job.timeline_name
     if timeline_path.is_file():
         try:
             timeline = pq.read_table(timeline_path)
@@ -89,26 +97,58 @@ def _error_examples(out_dir: Path, shard_names: list[str], codes: set[str]) -> l
     def done() -> bool:
         return all(len(found.get(c, [])) >= _EXAMPLES_PER_CODE for c in codes)
 
+    def add(name: str, row_id: object, sample_index: int, error: object) -> None:
+        err = error if isinstance(error, dict) else {}
+        code = str(err.get("code") or "internal")
+        bucket = found.setdefault(code, [])
+        if len(bucket) < _EXAMPLES_PER_CODE:
+            message = str(err.get("message") or "")
+            if len(message) > _MESSAGE_CHARS:
+                message = message[: _MESSAGE_CHARS - 1] + "…"
+            bucket.append(ErrorExample(name, str(row_id), sample_index, code, message))
+
     for name in shard_names:
         if done():
             break
         path = out_dir / name
-        if not path.is_file():
-            continue
-        with pq.ParquetFile(path) as f:
-            if not {"id", "sample_index", "finish_reason", "error"} <= set(f.schema_arrow.names):
+        try:
+            if not stat.S_ISREG(os.lstat(path).st_mode):
                 continue
-            for batch in f.iter_batches(columns=["id", "sample_index", "finish_reason", "error"]):
-                errors = batch.filter(pc.equal(batch.column("finish_reason"), "error"))
-                for row in errors.to_pylist():
-                    err = row["error"] or {}
-                    code = str(err.get("code") or "internal")
-                    bucket = found.setdefault(code, [])
-                    if len(bucket) < _EXAMPLES_PER_CODE:
-                        message = str(err.get("message") or "")
-                        if len(message) > _MESSAGE_CHARS:
-                            message = message[: _MESSAGE_CHARS - 1] + "…"
-                        bucket.append(ErrorExample(name, str(row["id"]), int(row["sample_index"]), code, message))
-                if done():
-                    break
+        except FileNotFoundError:
+            continue
+        if name.endswith(".jsonl"):
+            _jsonl_errors(path, name, add, done)
+        else:
+            _parquet_errors(path, name, add, done)
     return [e for code in sorted(found) for e in found[code]]
+
+
+_Add = Callable[[str, object, int, object], None]
+
+
+def _parquet_errors(path: Path, name: str, add: _Add, done: Callable[[], bool]) -> None:
+    with pq.ParquetFile(path) as f:
+        if not {"id", "sample_index", "finish_reason", "error"} <= set(f.schema_arrow.names):
+            return
+        for batch in f.iter_batches(columns=["id", "sample_index", "finish_reason", "error"]):
+            errors = batch.filter(pc.equal(batch.column("finish_reason"), "error"))
+            for row in errors.to_pylist():
+                add(name, row["id"], int(row["sample_index"]), row["error"])
+            if done():
+                return
+
+
+def _jsonl_errors(path: Path, name: str, add: _Add, done: Callable[[], bool]) -> None:
+    """The error lines of an OpenAI batch response file (``{id, custom_id, response, error}``)."""
+    try:
+        with path.open("rb") as handle:
+            for raw in handle:
+                if not raw.strip():
+                    continue
+                line = json.loads(raw)
+                if isinstance(line, dict) and line.get("error") is not None:
+                    add(name, line.get("custom_id"), 0, line["error"])
+                    if done():
+                        return
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{path}: not a readable response file ({exc})") from exc

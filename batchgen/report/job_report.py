@@ -18,14 +18,12 @@ from typing import Any
 
 import numpy as np
 
-from batchgen.io import REPORT_NAME, write_bytes_atomic
+from batchgen.io import JobFolder, write_bytes_atomic
 from batchgen.report.figures import FigureImage, RunTrace, make_figures, traces_from_timeline
 from batchgen.report.html import Page, kv_table, pre_json, table
 from batchgen.report.job_files import JobFiles, load_job_files
 
-__all__ = ["FIGURES_DIR", "ReportPaths", "render_job_report", "write_job_report"]
-
-FIGURES_DIR = "report_figures"
+__all__ = ["ReportPaths", "render_job_report", "write_job_report"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,16 +32,21 @@ class ReportPaths:
     figures: tuple[Path, ...]
 
 
-def write_job_report(out_dir: Path, *, png: bool = False) -> ReportPaths:
-    """Write OUT_DIR/report.html (and the PNG figures when `png`). Raises FileNotFoundError /
-    ValueError (see `load_job_files`), OSError when it cannot write."""
-    files = load_job_files(out_dir)
+def write_job_report(out: Path | JobFolder, *, png: bool = False) -> ReportPaths:
+    """Write the job folder's report (``OUT_DIR/report.html``, or the named output's
+    ``results.jsonl.report.html``) and, when `png`, its figures. Raises FileNotFoundError /
+    ValueError (see `load_job_files`; also a figures folder that is a symbolic link), OSError
+    when it cannot write."""
+    job = out if isinstance(out, JobFolder) else JobFolder(out)
+    files = load_job_files(job)
     page, figures = render_job_report(files)
-    path = out_dir / REPORT_NAME
+    path = job.report
     write_bytes_atomic(path, page.encode("utf-8"))
     written: list[Path] = []
     if png:
-        folder = out_dir / FIGURES_DIR
+        folder = job.figures
+        if folder.is_symlink():
+            raise ValueError(f"{folder} is a symbolic link; batchgen writes its figures only into a folder of its own")
         folder.mkdir(exist_ok=True)
         for fig in figures:
             written.append(folder / f"{fig.name}.png")

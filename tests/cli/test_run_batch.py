@@ -243,22 +243,15 @@ def test_kill_then_rerun_gives_the_uninterrupted_file(
     assert summary["shards"] == {"committed_this_run": committed, "skipped": 1 - committed}
 
 
-# Defect (issue 20): a response file renamed into place by a run killed before its manifest
-# save is adopted by the rerun without any check against the request file (plan_resume,
-# jsonl_outputs): the edited file's rerun exits 0, keeps the old answers, and after an appended
-# line records a response file of 3 lines for 4 requests. Remove the marks with the fix.
-_ADOPTS_UNCHECKED = pytest.mark.xfail(
-    strict=True, reason="issue 20: an unrecorded response file is adopted without checking its request file"
-)
-
-
 @pytest.mark.parametrize(
     ("before", "edit"),
     [
         ("completed", "one_body_changed"),
         ("completed", "one_line_appended"),
-        pytest.param("killed_after_rename", "one_body_changed", marks=_ADOPTS_UNCHECKED),
-        pytest.param("killed_after_rename", "one_line_appended", marks=_ADOPTS_UNCHECKED),
+        # a response file renamed into place by a run killed before its manifest record: it
+        # was adopted unchecked (exit 0, the old answers kept) before the pending record
+        ("killed_after_rename", "one_body_changed"),
+        ("killed_after_rename", "one_line_appended"),
     ],
 )
 def test_an_edited_request_file_stops_the_resume_with_exit_2(

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from batchgen.cli.main import main
-from batchgen.io import InputError, InputIdentity, Manifest, ShardRecord
+from batchgen.io import InputError, InputIdentity, JobFolder, Manifest, ShardRecord
 from batchgen.io.openai_batch import inspect_openai_batch
 from batchgen.job.openai_batch import check_output_files_not_inputs
 from batchgen.job.resume import open_manifest
@@ -75,9 +75,10 @@ def test_restart_never_deletes_a_request_file(tmp_path: Path) -> None:
             wall_s=0.0,
         ),
     )
-    (tmp_path / "new.jsonl").write_text("old output\n", encoding="utf-8")
+    response = {"id": "batch_req_1", "custom_id": "a", "response": None, "error": None}
+    (tmp_path / "new.jsonl").write_text(json.dumps(response) + "\n", encoding="utf-8")
     open_manifest(
-        tmp_path, {"job": 2}, ["new.jsonl"], restart=True, job_time="2026-12-01T00:00:00", inputs=[path]
+        JobFolder(tmp_path), {"job": 2}, ["new.jsonl"], restart=True, job_time="2026-12-01T00:00:00", inputs=[path]
     )
     assert path.is_file()  # listed by the old manifest, but an input now
     assert not (tmp_path / "new.jsonl").exists()  # this run's output name: discarded
