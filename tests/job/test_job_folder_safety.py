@@ -223,3 +223,32 @@ def test_a_job_with_response_file_outputs_writes_its_report_and_exits_0(
     assert "report" in out
     page = (tmp_path / "out" / "report.html").read_text()
     assert "invalid_json" in page and "not valid JSON" in page
+
+
+def test_the_report_of_a_run_batch_is_named_after_its_output(
+    tmp_path: Path, model_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    requests = _requests(tmp_path / "requests.jsonl", ["Once"])
+    with requests.open("a") as handle:
+        handle.write("not json\n")
+    out = tmp_path / "results.jsonl"
+    rc, err = _batch(requests, out, model_dir, capsys)
+    assert rc == 0, err
+    rc, printed, err = run_main(["report", str(out)], capsys)
+    assert rc == 0, err
+    page = tmp_path / "results.jsonl.report.html"
+    assert printed.splitlines()[0] == str(page)
+    assert "invalid_json" in page.read_text()
+    assert not (tmp_path / "report.html").exists()
+
+
+def test_pending_records_round_trip_and_clear_on_commit(tmp_path: Path) -> None:
+    from batchgen.io import InputIdentity
+
+    manifest = Manifest.create(tmp_path, {"job": 1}, job_time="2026-12-01T00:00:00", name="r.jsonl.manifest.json")
+    identity = InputIdentity("/x/requests.jsonl", 10, 2, "ab" * 32)
+    manifest.mark_pending("r.jsonl", identity)
+    loaded = Manifest.load(tmp_path, name="r.jsonl.manifest.json")
+    assert loaded is not None and loaded.pending() == {"r.jsonl": identity}
+    with pytest.raises(ValueError, match="not a plain output file name"):
+        manifest.mark_pending("../r.jsonl", identity)
