@@ -8,18 +8,40 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
 from batchgen._checks import is_int
 
-__all__ = ["MAX_LOGPROBS", "MAX_N", "SamplingParams"]
+__all__ = ["MAX_LOGPROBS", "MAX_N", "MAX_STOPS", "MAX_STOP_CHARS", "SamplingParams"]
 
 # Per-request caps, so that one row cannot build thousands of sequences or ask for a top-k
 # larger than the vocabulary inside a step (OpenAI's API and vLLM's default allow 20 logprobs).
 MAX_N = 128
 MAX_LOGPROBS = 20
+# Stop strings and stop token ids are checked at every generated token of every sample (the
+# detokenizer searches the new text plus MAX_STOP_CHARS - 1 characters for each string), so a
+# row may give at most MAX_STOPS of each, strings of at most MAX_STOP_CHARS characters. OpenAI
+# allows 4 stop strings and vLLM sets no limit; these leave room for long vLLM-style lists.
+MAX_STOPS = 64
+MAX_STOP_CHARS = 512
+
+
+def _short(value: object) -> str:
+    """repr of a bad value for an error message, cut (a row's value may be megabytes)."""
+    if isinstance(value, int) and value.bit_length() > 256:
+        return f"an integer of {value.bit_length()} bits"
+    text = repr(value)
+    return text if len(text) <= 200 else text[:200] + "..."
+
+
+def _is_finite_number(value: object) -> bool:
+    """A number that converts to a finite float (math.isfinite raises on a too-large int)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return abs(value) <= sys.float_info.max
+    return isinstance(value, float) and math.isfinite(value)
 
 
 def _is_number(value: object) -> bool:
@@ -58,8 +80,8 @@ class SamplingParams:
             raise ValueError(f"SamplingParams.n must be an integer in [1, {MAX_N}], got {self.n!r}")
         if not is_int(self.max_tokens) or self.max_tokens < 1:
             raise ValueError(f"SamplingParams.max_tokens must be an integer >= 1, got {self.max_tokens!r}")
-        if not _is_number(self.temperature) or not math.isfinite(self.temperature) or self.temperature < 0:
-            raise ValueError(f"SamplingParams.temperature must be a finite number >= 0, got {self.temperature!r}")
+        if not _is_finite_number(self.temperature) or self.temperature < 0:
+            raise ValueError(f"SamplingParams.temperature must be a finite number >= 0, got {_short(self.temperature)}")
         if not _is_number(self.top_p) or not 0 < self.top_p <= 1:
             raise ValueError(f"SamplingParams.top_p must be in (0, 1], got {self.top_p!r}")
         if not is_int(self.top_k) or self.top_k < -1:
@@ -68,8 +90,7 @@ class SamplingParams:
             raise ValueError(f"SamplingParams.min_p must be in [0, 1], got {self.min_p!r}")
         if self.seed is not None and not is_int(self.seed):
             raise ValueError(f"SamplingParams.seed must be an integer or None, got {self.seed!r}")
-        if not all(isinstance(s, str) and s for s in self.stop_strings):
-            raise ValueError(f"SamplingParams.stop must be a list of non-empty strings, got {self.stop!r}")
+        self._validate_stops()
         if not isinstance(self.stop_token_ids, list | tuple) or not all(
             is_int(t) and t >= 0 for t in self.stop_token_ids
         ):
@@ -83,13 +104,25 @@ class SamplingParams:
                 f"SamplingParams.logprobs must be an integer in [0, {MAX_LOGPROBS}] or None, got {self.logprobs!r}"
             )
 
+    def _validate_stops(self) -> None:
+        for name, values in (("stop", self.stop), ("stop_token_ids", self.stop_token_ids)):
+            if isinstance(values, list | tuple) and len(values) > MAX_STOPS:
+                raise ValueError(f"SamplingParams.{name} may hold at most {MAX_STOPS} entries, got {len(values)}")
+        if not all(isinstance(s, str) and s for s in self.stop_strings):
+            raise ValueError(f"SamplingParams.stop must be a list of non-empty strings, got {_short(self.stop)}")
+        longest = max((len(s) for s in self.stop_strings), default=0)
+        if longest > MAX_STOP_CHARS:
+            raise ValueError(
+                f"SamplingParams.stop strings may be at most {MAX_STOP_CHARS} characters long, got one of {longest}"
+            )
+
     @property
     def stop_strings(self) -> tuple[str, ...]:
         """`stop` as a tuple (a single string is one stop string)."""
         if isinstance(self.stop, str):
             return (self.stop,)
         if not isinstance(self.stop, list | tuple):
-            raise ValueError(f"SamplingParams.stop must be a list of strings, got {self.stop!r}")
+            raise ValueError(f"SamplingParams.stop must be a list of strings, got {_short(self.stop)}")
         return tuple(self.stop)
 
     @property

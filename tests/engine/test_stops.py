@@ -12,6 +12,9 @@ from pathlib import Path
 import pytest
 
 from batchgen import LLM, SamplingParams
+from batchgen.engine.detokenizer import IncrementalDetokenizer
+from batchgen.engine.sampling_params import MAX_STOP_CHARS, MAX_STOPS
+from tests.engine.test_detokenizer import ByteDecoder, byte_tokens, feed
 from tests.tiny_models import make_tiny_hf_folder
 
 PROMPT = [1500, 1600, 1700, 1800, 1900]
@@ -116,3 +119,25 @@ def test_logprobs_beyond_the_vocabulary_are_refused(llm: LLM, monkeypatch: pytes
     with pytest.raises(ValueError, match="logprobs=11 exceeds the vocabulary of 10 tokens"):
         llm.engine.add_request([1, 2, 3], SamplingParams(logprobs=11))
     assert not llm.engine.has_unfinished()
+
+
+def test_stop_lists_are_capped_in_count_and_length() -> None:
+    # Stops are searched at every token of every sample: a row may not ask for thousands.
+    params = SamplingParams(stop=["s" * MAX_STOP_CHARS] * MAX_STOPS, stop_token_ids=[1] * MAX_STOPS)
+    assert len(params.stop_strings) == MAX_STOPS == 64 and MAX_STOP_CHARS == 512
+    with pytest.raises(ValueError, match="SamplingParams.stop may hold at most 64 entries, got 65"):
+        SamplingParams(stop=["s"] * (MAX_STOPS + 1))
+    with pytest.raises(ValueError, match="SamplingParams.stop_token_ids may hold at most 64 entries, got 100000"):
+        SamplingParams(stop_token_ids=[1] * 100_000)
+    with pytest.raises(ValueError, match="at most 512 characters long, got one of 513"):
+        SamplingParams(stop=["x" * (MAX_STOP_CHARS + 1)])
+    with pytest.raises(ValueError, match="at most 512 characters long, got one of 100000"):
+        SamplingParams(stop="x" * 100_000)
+
+
+def test_the_longest_allowed_stop_string_is_found_across_tokens() -> None:
+    stop = "ab" * (MAX_STOP_CHARS // 2)
+    others = tuple(f"{k:03d}" + "z" * (MAX_STOP_CHARS - 3) for k in range(MAX_STOPS - 1))
+    detok = IncrementalDetokenizer(ByteDecoder(), (*others, stop))
+    assert feed(detok, byte_tokens("x" * 1000 + "a" + stop + "tail")) == stop
+    assert detok.text == "x" * 1000 + "a"
