@@ -12,8 +12,11 @@ operator and printed value. Three things are bounded:
   nested values, up to the repr's constant factor); other results are checked after.
 - **produced text** (also `max_value_chars`): characters printed anywhere (the output, `set`
   blocks, macro bodies), so that buffers cannot grow without bound either.
-- **steps** (`max_steps`) and **time** (`max_seconds`, wall clock, a backstop for work between
-  two charges): a step is one charged event, plus one per `CHARS_PER_STEP` characters it moves.
+- **steps** (`max_steps`) and **time** (`max_seconds`, wall clock, read every 256 steps, a
+  backstop for work between two charges): one step per loop iteration (also one the loop's
+  `if` skips), macro or call-block body, call and checked filter, plus one per
+  `CHARS_PER_STEP` characters an operation builds, prints or walks. Repeating anything takes a
+  loop or a macro, so counting those bounds the number of operations.
 
 Exceeding any of them raises `TemplateLimitError` (a jinja2 `SecurityError`). Integers: `*` and
 `**` on ints may not build one above `MAX_INT_BITS` bits.
