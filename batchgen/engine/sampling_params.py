@@ -88,8 +88,11 @@ class SamplingParams:
             raise ValueError(f"SamplingParams.top_k must be -1 (off) or an integer >= 0, got {self.top_k!r}")
         if not _is_number(self.min_p) or not 0 <= self.min_p <= 1:
             raise ValueError(f"SamplingParams.min_p must be in [0, 1], got {self.min_p!r}")
-        if self.seed is not None and not is_int(self.seed):
-            raise ValueError(f"SamplingParams.seed must be an integer or None, got {self.seed!r}")
+        if self.seed is not None and (not is_int(self.seed) or not -(2**63) <= self.seed < 2**63):
+            # The output row's `seed` column is int64: a larger seed could not be written.
+            raise ValueError(
+                f"SamplingParams.seed must be a 64-bit integer (in [-2**63, 2**63)) or None, got {self.seed!r}"
+            )
         self._validate_stops()
         if not isinstance(self.stop_token_ids, list | tuple) or not all(
             is_int(t) and t >= 0 for t in self.stop_token_ids
