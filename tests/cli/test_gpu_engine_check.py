@@ -13,6 +13,8 @@ from batchgen import LLM, SamplingParams
 from batchgen.cli.gpu_engine_check import Candidate, compare_greedy, run_engine_check, top2_gap
 from tests.tiny_models import make_tiny_hf_folder
 
+BF16_MAX_GAP = 0.5  # logits (nats): gpu_check.ENGINE_CANDIDATES' bfloat16 gap
+
 
 def no_gap(prompt_idx: int, position: int) -> float:
     raise AssertionError("the gap is asked only where tokens differ")
@@ -69,10 +71,32 @@ def test_top2_gap_is_the_logit_gap(folder: Path) -> None:
 def test_whole_check_on_cpu(folder: Path) -> None:
     prompts = ("The capital of France is", "1, 2, 3, 5, 8,")
     same = Candidate("torch-float32", "torch", "float32", max_gap=0.0)
-    bf16 = Candidate("torch-bfloat16", "torch", "bfloat16", max_gap=1e9)
+    # The GPU check's bfloat16 gap (gpu_check.ENGINE_CANDIDATES); on this model bfloat16 keeps
+    # every greedy token (measured: 8 of 8 check prompts, 16 tokens each).
+    bf16 = Candidate("torch-bfloat16", "torch", "bfloat16", max_gap=BF16_MAX_GAP)
     results = run_engine_check(str(folder), device="cpu", candidates=[same, bf16], max_tokens=8, prompts=prompts,
                                kv_cache_memory_bytes=1 << 23)
     assert results["torch-float32"].ok and results["torch-float32"].num_identical == 2
     low = results["torch-bfloat16"]
-    assert low.ok and low.num_prompts == 2
-    assert all(d.reference_gap >= 0 for d in low.divergences)
+    assert low.ok and low.num_prompts == 2 and low.max_gap == BF16_MAX_GAP
+    assert low.num_identical == 2 and low.divergences == ()
+
+
+def test_a_wrong_engine_fails_the_bfloat16_gap(tmp_path: Path, folder: Path) -> None:
+    """The gap is a real threshold: greedy tokens of other weights (a broken candidate) diverge
+    where the reference's top-2 gap exceeds it (measured: 1.19 and 0.51 at the first token)."""
+    reference = LLM(str(folder), seed=0)
+    other = LLM(str(make_tiny_hf_folder(tmp_path, num_heads=4, num_kv_heads=2, hidden_size=64, seed=1)), seed=0)
+    prompts = [reference.tokenizer.encode(p) for p in ("The capital of France is", "1, 2, 3, 5, 8,")]
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    ref, cand = ([o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)] for llm in (reference, other))
+    result = compare_greedy(ref, cand, lambda i, pos: top2_gap(reference, [*prompts[i], *ref[i][:pos]]), max_gap=BF16_MAX_GAP)
+    assert not result.ok and result.num_identical == 0
+    assert [d.position for d in result.divergences] == [0, 0]
+    assert max(d.reference_gap for d in result.divergences) > BF16_MAX_GAP
+
+
+def test_the_gap_is_inclusive() -> None:
+    at = compare_greedy([[1, 2]], [[1, 3]], lambda i, p: BF16_MAX_GAP, max_gap=BF16_MAX_GAP)
+    above = compare_greedy([[1, 2]], [[1, 3]], lambda i, p: BF16_MAX_GAP + 1e-6, max_gap=BF16_MAX_GAP)
+    assert at.ok and not above.ok
