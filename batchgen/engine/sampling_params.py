@@ -15,7 +15,15 @@ from typing import Any
 
 from batchgen._checks import is_int
 
-__all__ = ["MAX_LOGPROBS", "MAX_N", "MAX_STOPS", "MAX_STOP_CHARS", "SamplingParams"]
+__all__ = [
+    "MAX_ALLOWED_TOKEN_IDS",
+    "MAX_LOGIT_BIAS",
+    "MAX_LOGPROBS",
+    "MAX_N",
+    "MAX_STOPS",
+    "MAX_STOP_CHARS",
+    "SamplingParams",
+]
 
 # Per-request caps, so that one row cannot build thousands of sequences or ask for a top-k
 # larger than the vocabulary inside a step (OpenAI's API and vLLM's default allow 20 logprobs).
@@ -27,6 +35,14 @@ MAX_LOGPROBS = 20
 # allows 4 stop strings and vLLM sets no limit; these leave room for long vLLM-style lists.
 MAX_STOPS = 64
 MAX_STOP_CHARS = 512
+# logit_bias entries and allowed_token_ids are turned into tensors once per sequence; the caps
+# bound that work and a row's memory. OpenAI allows 300 logit_bias entries; an allowed list may
+# be long (a whitelist of a vocabulary's digits and punctuation is a few thousand ids).
+MAX_LOGIT_BIAS = 1024
+MAX_ALLOWED_TOKEN_IDS = 1 << 17
+# Penalty ranges: vLLM's and OpenAI's for presence/frequency, OpenAI's for a logit bias.
+_MAX_PENALTY = 2.0
+_MAX_BIAS = 100.0
 
 
 def _short(value: object) -> str:
@@ -50,14 +66,32 @@ def _is_number(value: object) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
-    """How to pick tokens for one prompt.
+    """How to pick tokens for one prompt (vLLM's fields and semantics).
 
     temperature 0 is greedy; top_k -1 (or 0) disables top-k; top_p 1 and min_p 0 disable theirs.
     `seed` makes a request's samples reproducible whatever else shares the batch; `n` samples
     share the prompt's KV blocks (at most MAX_N = 128). `logprobs` asks for that many top
     log-probabilities per generated token (the sampled token's is always included; at most
     MAX_LOGPROBS = 20, and the engine refuses more than the vocabulary). `top_k` keeps exactly
-    k tokens, ties going to the lower token ids.
+    k tokens, ties going to the lower token ids. Log-probabilities are those of the model's raw
+    logits (vLLM's default `raw_logprobs`), before any of the processors below.
+
+    Logits processors, applied in this order (`batchgen.engine.sampler`):
+    `allowed_token_ids` (only these may be drawn) and `bad_words` (strings, tokenized with and
+    without a leading space as vLLM does; a word of several tokens is banned at its last token
+    when the generated tokens end with the rest), `logit_bias` ({token id: bias in [-100, 100]}
+    added to the logits), `min_tokens` (EOS and `stop_token_ids` masked until that many tokens
+    were generated; stop strings are not matched before either), `presence_penalty` and
+    `frequency_penalty` (OpenAI's: each logit minus `frequency * count + presence * (count >
+    0)` over the generated tokens; in [-2, 2]) and `repetition_penalty` (over prompt and
+    generated tokens, as transformers applies it: a positive logit divided by it, a negative one
+    multiplied; > 0, 1 is off), then temperature and the top-k/top-p/min-p filters.
+
+    `prompt_logprobs`: that many top log-probabilities for every prompt token (the prompt
+    token's own always included; None for the first token, like vLLM); such a request computes
+    its whole prompt (cached prompt tokens have no logits). `skip_special_tokens`: leave special
+    tokens out of the output text. `include_stop_str_in_output`: keep a matched stop string at
+    the end of the text.
     """
 
     n: int = 1
@@ -71,6 +105,16 @@ class SamplingParams:
     stop_token_ids: Sequence[int] = ()
     ignore_eos: bool = False
     logprobs: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    min_tokens: int = 0
+    logit_bias: Mapping[int, float] | None = None
+    allowed_token_ids: Sequence[int] | None = None
+    bad_words: Sequence[str] | None = None
+    prompt_logprobs: int | None = None
+    skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
 
     def __post_init__(self) -> None:
         self._validate()
@@ -106,6 +150,88 @@ class SamplingParams:
             raise ValueError(
                 f"SamplingParams.logprobs must be an integer in [0, {MAX_LOGPROBS}] or None, got {self.logprobs!r}"
             )
+        if self.prompt_logprobs is not None and (
+            not is_int(self.prompt_logprobs) or not 0 <= self.prompt_logprobs <= MAX_LOGPROBS
+        ):
+            raise ValueError(
+                f"SamplingParams.prompt_logprobs must be an integer in [0, {MAX_LOGPROBS}] or None, "
+                f"got {_short(self.prompt_logprobs)}"
+            )
+        for name in ("skip_special_tokens", "include_stop_str_in_output"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"SamplingParams.{name} must be a boolean, got {_short(getattr(self, name))}")
+        self._validate_processors()
+
+    def _validate_processors(self) -> None:
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if not _is_finite_number(value) or not -_MAX_PENALTY <= value <= _MAX_PENALTY:
+                raise ValueError(f"SamplingParams.{name} must be a number in [-2, 2], got {_short(value)}")
+        if not _is_finite_number(self.repetition_penalty) or not self.repetition_penalty > 0:
+            raise ValueError(
+                f"SamplingParams.repetition_penalty must be a finite number > 0 (1 is off), "
+                f"got {_short(self.repetition_penalty)}"
+            )
+        if not is_int(self.min_tokens) or not 0 <= self.min_tokens <= self.max_tokens:
+            raise ValueError(
+                f"SamplingParams.min_tokens must be an integer in [0, max_tokens={self.max_tokens}], "
+                f"got {_short(self.min_tokens)}"
+            )
+        self._validate_logit_bias()
+        allowed = self.allowed_token_ids
+        if allowed is not None:
+            if not isinstance(allowed, list | tuple) or not allowed or len(allowed) > MAX_ALLOWED_TOKEN_IDS:
+                raise ValueError(
+                    "SamplingParams.allowed_token_ids must be a non-empty list of at most "
+                    f"{MAX_ALLOWED_TOKEN_IDS} token ids, or None, got {_short(allowed)}"
+                )
+            if not all(is_int(t) and t >= 0 for t in allowed):
+                raise ValueError(
+                    f"SamplingParams.allowed_token_ids must hold integers >= 0, got {_short(allowed)}"
+                )
+        words = self.bad_words
+        if words is not None:
+            if not isinstance(words, list | tuple) or len(words) > MAX_STOPS:
+                raise ValueError(
+                    f"SamplingParams.bad_words must be a list of at most {MAX_STOPS} strings, or None, "
+                    f"got {_short(words)}"
+                )
+            if not all(isinstance(w, str) and w.strip() and len(w) <= MAX_STOP_CHARS for w in words):
+                raise ValueError(
+                    "SamplingParams.bad_words must hold non-blank strings of at most "
+                    f"{MAX_STOP_CHARS} characters, got {_short(words)}"
+                )
+
+    def _validate_logit_bias(self) -> None:
+        bias = self.logit_bias
+        if bias is None:
+            return
+        if not isinstance(bias, Mapping) or len(bias) > MAX_LOGIT_BIAS:
+            raise ValueError(
+                f"SamplingParams.logit_bias must be a mapping of at most {MAX_LOGIT_BIAS} "
+                f"{{token id: bias}} entries, or None, got {_short(bias)}"
+            )
+        for token, value in bias.items():
+            if not is_int(token) or token < 0:
+                raise ValueError(f"SamplingParams.logit_bias keys must be token ids (integers >= 0), got {_short(token)}")
+            if not _is_finite_number(value) or not -_MAX_BIAS <= value <= _MAX_BIAS:
+                raise ValueError(
+                    f"SamplingParams.logit_bias[{token}] must be a number in [-100, 100], got {_short(value)}"
+                )
+
+    def check_vocab(self, vocab_size: int) -> None:
+        """Raises ValueError naming the field when a token id of allowed_token_ids or a
+        logit_bias key is outside the vocabulary [0, vocab_size). (A stop token id outside it
+        is harmless: it is never drawn.)"""
+        for name, ids in (
+            ("allowed_token_ids", self.allowed_token_ids or ()),
+            ("logit_bias", tuple(self.logit_bias or ())),
+        ):
+            bad = next((t for t in ids if t >= vocab_size), None)
+            if bad is not None:
+                raise ValueError(
+                    f"SamplingParams.{name}: token id {bad} is outside the vocabulary [0, {vocab_size})"
+                )
 
     def _validate_stops(self) -> None:
         for name, values in (("stop", self.stop), ("stop_token_ids", self.stop_token_ids)):
@@ -131,6 +257,22 @@ class SamplingParams:
     @property
     def is_greedy(self) -> bool:
         return self.temperature == 0
+
+    @property
+    def has_penalties(self) -> bool:
+        """Presence, frequency or repetition penalty on (they need the sequence's token counts)."""
+        return self.presence_penalty != 0 or self.frequency_penalty != 0 or self.repetition_penalty != 1
+
+    @property
+    def has_logits_processors(self) -> bool:
+        """Any processor that changes logits before temperature (see the class docstring)."""
+        return (
+            self.has_penalties
+            or self.min_tokens > 0
+            or bool(self.logit_bias)
+            or self.allowed_token_ids is not None
+            or bool(self.bad_words)
+        )
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any]) -> SamplingParams:
