@@ -5,6 +5,17 @@ Shape of the KV pool, per layer: `[num_blocks, block_size, num_kv_heads, head_di
 Prefill chunks run one SDPA call per sequence (fastest on CPU: see the toolchain notes); decode
 tokens of all sequences run as one padded SDPA call with a mask, since launch overhead dominates
 there. Imports torch only.
+
+The two options every backend implements (`dispatch.paged_attention`):
+
+    sliding_window w: query at position p sees keys p - w + 1 .. p (its own included; HF/vLLM)
+    logits_soft_cap c: score = c * tanh(scale * q.k / c), before the mask and the softmax
+
+    keys of sequence s:  | 0 ........ p - w | p - w + 1 ... p |  (p: the query's position)
+                           outside the window   visible
+
+With a window only the keys some query of the call can see are gathered; with a soft cap the
+scores are computed explicitly (SDPA has no cap), in float32.
 """
 
 from __future__ import annotations
@@ -52,14 +63,41 @@ def _expand_kv(x: torch.Tensor, group: int) -> torch.Tensor:
     return x if group == 1 else x.repeat_interleave(group, dim=-3)
 
 
+def _attend(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None,
+    scale: float,
+    logits_soft_cap: float | None,
+) -> torch.Tensor:
+    """softmax(scores) @ v over [..., Lq, D] x [..., Lk, D]; mask True = visible, None = causal
+    with Lq == Lk. SDPA without a cap; explicit float32 scores with one."""
+    if logits_soft_cap is None:
+        if mask is None:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+    if mask is None:
+        n = q.shape[-2]
+        mask = torch.ones(n, n, dtype=torch.bool, device=q.device).tril()
+    scores = (q.float() @ k.float().transpose(-1, -2)) * scale
+    scores = logits_soft_cap * torch.tanh(scores / logits_soft_cap)
+    probs = scores.masked_fill(~mask, float("-inf")).softmax(dim=-1)
+    return (probs @ v.float()).to(q.dtype)
+
+
 def paged_attention_torch(
     query: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     meta: AttentionMetadata,
     scale: float,
+    *,
+    sliding_window: int | None = None,
+    logits_soft_cap: float | None = None,
 ) -> torch.Tensor:
-    """Attention of every query token over its sequence's cached K/V.
+    """Attention of every query token over its sequence's cached K/V, with an optional sliding
+    window and logit soft cap (module docstring).
 
     query: [num_tokens, num_heads, head_dim]; returns the same shape. Reads the caches only.
     """
@@ -72,22 +110,26 @@ def paged_attention_torch(
             decode_rows.append(s)
             start += 1
             continue
-        q = query[start : start + q_len].transpose(0, 1)  # [H, q_len, D]
-        k = _expand_kv(_gather(k_cache, meta.block_tables[s], seq_len).transpose(0, 1), group)
-        v = _expand_kv(_gather(v_cache, meta.block_tables[s], seq_len).transpose(0, 1), group)
         context_len = seq_len - q_len
-        if context_len == 0:
-            o = F.scaled_dot_product_attention(q, k.to(q.dtype), v.to(q.dtype), is_causal=True, scale=scale)
-        else:
-            # Query i sits at position context_len + i and sees keys 0 .. context_len + i.
+        # Keys before `first` are outside every query's window: not gathered.
+        first = 0 if sliding_window is None else max(0, context_len - sliding_window + 1)
+        q = query[start : start + q_len].transpose(0, 1)  # [H, q_len, D]
+        k = _expand_kv(_gather(k_cache, meta.block_tables[s], seq_len)[first:].transpose(0, 1), group)
+        v = _expand_kv(_gather(v_cache, meta.block_tables[s], seq_len)[first:].transpose(0, 1), group)
+        mask: torch.Tensor | None = None
+        if context_len > 0 or sliding_window is not None:
+            # Query i sits at position context_len + i and sees keys (context_len + i - window,
+            # context_len + i].
             q_pos = torch.arange(context_len, seq_len, device=q.device)
-            k_pos = torch.arange(seq_len, device=q.device)
+            k_pos = torch.arange(first, seq_len, device=q.device)
             mask = k_pos[None, :] <= q_pos[:, None]
-            o = F.scaled_dot_product_attention(q, k.to(q.dtype), v.to(q.dtype), attn_mask=mask, scale=scale)
+            if sliding_window is not None:
+                mask &= k_pos[None, :] > q_pos[:, None] - sliding_window
+        o = _attend(q, k.to(q.dtype), v.to(q.dtype), mask, scale, logits_soft_cap)
         out[start : start + q_len] = o.transpose(0, 1)
         start += q_len
     if decode_rows:
-        _decode_batch(query, k_cache, v_cache, meta, scale, decode_rows, group, out)
+        _decode_batch(query, k_cache, v_cache, meta, scale, decode_rows, group, out, sliding_window, logits_soft_cap)
     return out
 
 
@@ -100,8 +142,10 @@ def _decode_batch(
     rows: list[int],
     group: int,
     out: torch.Tensor,
+    sliding_window: int | None,
+    logits_soft_cap: float | None,
 ) -> None:
-    """All single-token queries in one padded SDPA call: [B, H, 1, D] over [B, H, Lmax, D]."""
+    """All single-token queries in one padded call: [B, H, 1, D] over [B, H, Lmax, D]."""
     block_size = k_cache.shape[1]
     seq_lens = [meta.seq_lens_host[s] for s in rows]
     max_len = max(seq_lens)
@@ -120,6 +164,9 @@ def _decode_batch(
     # rows of their kv head, [B, Hkv, group, D].
     q = query.index_select(0, token_idx).view(b, num_kv_heads, group, head_dim)
     lens = torch.tensor(seq_lens, device=query.device)
-    mask = (torch.arange(max_len, device=query.device)[None, :] < lens[:, None])[:, None, None, :]
-    o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+    k_pos = torch.arange(max_len, device=query.device)[None, :]
+    visible = k_pos < lens[:, None]
+    if sliding_window is not None:
+        visible &= k_pos >= lens[:, None] - sliding_window  # the query sits at position len - 1
+    o = _attend(q, k, v, visible[:, None, None, :], scale, logits_soft_cap)
     out.index_copy_(0, token_idx, o.reshape(b, num_heads, head_dim))

@@ -127,25 +127,48 @@ def paged_attention(
     scale: float,
     *,
     backend: Backend | None = None,
+    sliding_window: int | None = None,
+    logits_soft_cap: float | None = None,
 ) -> torch.Tensor:
     """Attention for a flat batch of decode tokens and prefill chunks; see metadata.py.
 
-    query: [num_tokens, num_heads, head_dim]; returns a new tensor of its shape and dtype. The
+    query: [num_tokens, num_heads, head_dim]; returns a new tensor of its shape and dtype.
+    sliding_window: each query sees the last `sliding_window` positions, its own included (keys at
+    positions > query position - sliding_window; HF/vLLM semantics); None = all earlier keys.
+    logits_soft_cap: scores become cap * tanh(scores / cap), after `scale`, before the softmax.
+    Raises ValueError for a window below 1 or a cap that is not a positive finite number. The
     Triton path needs query and caches of one dtype (fp16/bf16/fp32) and a power-of-two head_dim
     in [16, 256], and raises ValueError otherwise.
     """
+    _check_options(sliding_window, logits_soft_cap)
     resolved = resolve_backend(backend, query.device)
     if resolved == "triton":
         from .triton_attention import paged_attention_triton
 
-        return paged_attention_triton(query, k_cache, v_cache, meta, scale)
+        if sliding_window is None and logits_soft_cap is None:
+            return paged_attention_triton(query, k_cache, v_cache, meta, scale)
+        # TODO(#23): the Triton kernel's window and soft cap (part B) land next.
+        return paged_attention_torch(query, k_cache, v_cache, meta, scale, sliding_window=sliding_window, logits_soft_cap=logits_soft_cap)
     # The compiled kernel reads float32 pools in its own layout (new_kv_cache makes them): None
     # falls back to PyTorch for anything else, an explicit "cpu" raises (RuntimeError from the
     # kernel).
     fits_kernel = query.dtype == torch.float32 == k_cache.dtype and is_cpu_kv_layout(k_cache, v_cache)
-    if resolved == "cpu" and (backend == "cpu" or fits_kernel):
+    # TODO(#23): the CPU kernel's window and soft cap (part B) land next.
+    has_options = sliding_window is not None or logits_soft_cap is not None
+    if resolved == "cpu" and (backend == "cpu" or fits_kernel) and not has_options:
         return paged_attention_cpu(query, k_cache, v_cache, meta, scale)
-    return paged_attention_torch(query, k_cache, v_cache, meta, scale)
+    return paged_attention_torch(query, k_cache, v_cache, meta, scale, sliding_window=sliding_window, logits_soft_cap=logits_soft_cap)
+
+
+def _check_options(sliding_window: int | None, logits_soft_cap: float | None) -> None:
+    if sliding_window is not None and (
+        isinstance(sliding_window, bool) or not isinstance(sliding_window, int) or sliding_window < 1
+    ):
+        raise ValueError(f"sliding_window must be an int >= 1 or None, got {sliding_window!r}")
+    if logits_soft_cap is not None and not (
+        isinstance(logits_soft_cap, int | float) and 0.0 < logits_soft_cap < float("inf")
+    ):
+        raise ValueError(f"logits_soft_cap must be a positive finite number or None, got {logits_soft_cap!r}")
 
 
 def _all_float32(*tensors: torch.Tensor | None) -> bool:

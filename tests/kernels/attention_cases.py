@@ -122,8 +122,11 @@ def in_cpu_layout(batch: Batch) -> Batch:
     return replace(batch, k_cache=k_cache, v_cache=v_cache)
 
 
-def naive_attention(batch: Batch) -> torch.Tensor:
-    """fp64 reference, one token at a time: gather the sequence's K/V up to the token's position."""
+def naive_attention(
+    batch: Batch, *, sliding_window: int | None = None, logits_soft_cap: float | None = None
+) -> torch.Tensor:
+    """fp64 reference, one token at a time: gather the sequence's K/V up to the token's position
+    (from position - sliding_window + 1 with a window); scores capped as c * tanh(s / c)."""
     meta = batch.meta
     query = batch.query.double().cpu()
     k_cache = batch.k_cache.double().cpu()
@@ -138,11 +141,14 @@ def naive_attention(batch: Batch) -> torch.Tensor:
     ):
         for i in range(q_len):
             pos = seq_len - q_len + i
-            key_pos = torch.arange(pos + 1)
+            first = 0 if sliding_window is None else max(0, pos - sliding_window + 1)
+            key_pos = torch.arange(first, pos + 1)
             blocks = block_tables[s, key_pos // block_size]
             k = k_cache[blocks, key_pos % block_size].repeat_interleave(group, dim=1)  # [L, H, D]
             v = v_cache[blocks, key_pos % block_size].repeat_interleave(group, dim=1)
             scores = torch.einsum("hd,lhd->hl", query[token], k) * batch.scale
+            if logits_soft_cap is not None:
+                scores = logits_soft_cap * torch.tanh(scores / logits_soft_cap)
             out[token] = torch.einsum("hl,lhd->hd", scores.softmax(dim=-1), v)
             token += 1
     return out
@@ -156,3 +162,21 @@ def assert_close(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtyp
     torch.testing.assert_close(
         actual.double().cpu(), expected.double().cpu(), atol=ATOL[dtype], rtol=RTOL[dtype]
     )
+
+
+# The window and soft-cap cases every backend runs, (query_lens, context_lens): decode at len 1,
+# at a block multiple (48) and far past the window (101); a chunk over a prefix that ends
+# mid-block (37); a chunk longer than most windows over a prefix (30 + 40); a plain prefill.
+OPTION_CASE = ((1, 1, 1, 7, 40, 20), (0, 47, 100, 37, 30, 0))
+# 1: the query's own key only; 5: inside one block of 16; 16: one block's width; 21: crosses a
+# block boundary everywhere; 300: longer than every context (the same as no window).
+WINDOWS = (1, 5, 16, 21, 300)
+# The query is scaled by QUERY_GAIN in the soft-cap cases, so that scores (about N(0, 64)) reach
+# the cap's bend: with plain N(0, 1) scores a cap of 30-50 changes almost nothing.
+SOFT_CAPS = (2.0, 30.0)
+QUERY_GAIN = 8.0
+
+
+def with_query_gain(batch: Batch, gain: float = QUERY_GAIN) -> Batch:
+    """The batch with its query multiplied by `gain` (larger scores)."""
+    return replace(batch, query=batch.query * gain)
