@@ -12,7 +12,9 @@ embeddings are tied); every tensor has the requested dtype. `fingerprint` hashes
 of the files that define the model (names, sizes and an xxh3-128 digest of the bytes, which the
 loader reads anyway): a copied folder or a reinstalled package keeps it, a changed byte does not.
 
-Imports torch, safetensors and the rest of `batchgen.models`; reads no environment variable.
+Imports torch, safetensors and the rest of `batchgen.models`; the `gguf` package only when a .gguf
+file is loaded (a Hugging Face folder loads without it; see `gguf_loader`). Reads no environment
+variable.
 """
 
 from __future__ import annotations

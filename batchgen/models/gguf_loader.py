@@ -14,7 +14,10 @@ they are permuted back here (as transformers does) so Hugging Face's `rotate_hal
 GGUF lists dimensions fastest-first (ne0 first), so a matrix of `shape` [in, out] is read as
 (out, in). A `rope_freqs` tensor (llama 3 rope scaling) is turned back into `RopeScaling`.
 
-Imports gguf, numpy, torch, `batchgen.models.config` and `batchgen.tokenizer.tokenizer`.
+Imports numpy, torch, `batchgen.models.config` and `batchgen.tokenizer.tokenizer`; `gguf` only when
+a file is read (`_import_gguf`), so that importing this module, and loading a Hugging Face folder
+through `checkpoint`, works where the package is missing (the GPU machine has no gguf). Reading a
+.gguf file without it raises ImportError naming the file and the package.
 """
 
 from __future__ import annotations
@@ -23,16 +26,18 @@ import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
-import gguf
 import numpy as np
 import numpy.typing as npt
 import torch
-from gguf.quants import dequantize
 
 from batchgen.models.config import ModelConfig, RopeScaling
 from batchgen.tokenizer.tokenizer import Tokenizer
+
+if TYPE_CHECKING:
+    import gguf
 
 __all__ = ["GGUFContents", "load_gguf", "read_gguf_config"]
 
@@ -61,6 +66,20 @@ _ROPE_FREQS = "rope_freqs.weight"
 _LLAMA3_LOW_FREQ_FACTOR = 1.0
 _LLAMA3_HIGH_FREQ_FACTOR = 4.0
 _LLAMA3_ORIGINAL_CONTEXT = 8192
+
+
+def _import_gguf(path: Path) -> ModuleType:
+    """The `gguf` package (with `gguf.quants`), imported now; ImportError naming `path` without it."""
+    try:
+        import gguf
+        import gguf.quants
+    except ImportError as exc:
+        raise ImportError(
+            f"{path}: reading a .gguf file needs the Python package 'gguf', which is not "
+            "installed (pip install 'gguf>=0.10'); a Hugging Face model folder needs no gguf",
+            name="gguf",
+        ) from exc
+    return gguf
 
 
 @dataclass(frozen=True, slots=True)
@@ -226,7 +245,7 @@ def _dequantized(tensor: gguf.ReaderTensor, path: Path) -> npt.NDArray[np.float3
     """float32 array in PyTorch order (ne reversed), writable and owned."""
     shape = tuple(int(dim) for dim in reversed(tensor.shape.tolist()))
     try:
-        array = dequantize(tensor.data, tensor.tensor_type)
+        array: npt.NDArray[Any] = _import_gguf(path).quants.dequantize(tensor.data, tensor.tensor_type)
     except NotImplementedError as exc:
         raise ValueError(
             f"{path}: tensor {tensor.name} has type {tensor.tensor_type.name}, which cannot be "
@@ -264,10 +283,12 @@ def _hf_name(gguf_name: str, path: Path) -> str:
 def load_gguf(path: Path, *, dtype: torch.dtype) -> GGUFContents:
     """Read config, tokenizer and all weights (dequantized, renamed, Q/K unpermuted, as `dtype`).
 
-    Raises ValueError naming `path` for an unsupported architecture, tensor name or type.
+    Raises ValueError naming `path` for an unsupported architecture, tensor name or type, and
+    ImportError naming it when the `gguf` package is not installed.
     """
+    gguf_package = _import_gguf(path)
     try:
-        reader = gguf.GGUFReader(path)
+        reader = gguf_package.GGUFReader(path)
     except (ValueError, OSError) as exc:
         raise ValueError(f"{path}: not a readable GGUF file: {exc}") from exc
     tokens = _field(reader, "tokenizer.ggml.tokens")
