@@ -57,8 +57,10 @@ def _find_seq_idx(query_start_loc_ptr, q_block_id, num_seqs, BLOCK_Q: tl.constex
     return lo - 1
 
 
-# num_seqs changes every step: no value specialisation (1, multiple of 16), so no recompiles.
-@triton.jit(do_not_specialize=["num_seqs"])
+# num_seqs and stride_bt (the block-table width, the longest sequence's block count) change from
+# step to step: no value specialisation (== 1, multiple of 16) of either, so no recompiles as
+# they pass those values.
+@triton.jit(do_not_specialize=["num_seqs", "stride_bt"])
 def _paged_attention_kernel(
     out_ptr,
     q_ptr,
