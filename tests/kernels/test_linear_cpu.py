@@ -9,7 +9,6 @@ import torch.nn.functional as F
 from batchgen.kernels import PackedLinear, linear, pack_linear_weight, packed_linear_library
 from batchgen.models.checkpoint import load_checkpoint
 from batchgen.models.llama import LlamaModel
-from tests.tiny_models import make_tiny_hf_folder
 
 needs_packing = pytest.mark.skipif(packed_linear_library() is None, reason="torch built without MKL or oneDNN")
 needs_mkl = pytest.mark.skipif(packed_linear_library() != "mkl", reason="torch built without MKL's packed sgemm")
@@ -69,6 +68,10 @@ def test_pack_rejects_an_unknown_library() -> None:
 
 @needs_packing
 def test_model_packs_on_cpu_float32_and_the_torch_backend_keeps_the_reference(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # Imported here: tests.tiny_models imports gguf, which the GPU machine lacks, and the module
+    # must collect there.
+    from tests.tiny_models import make_tiny_hf_folder
+
     folder = make_tiny_hf_folder(tmp_path / "m", num_heads=4, num_kv_heads=2, head_dim=16)
     checkpoint = load_checkpoint(str(folder))
 

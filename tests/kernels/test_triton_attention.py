@@ -118,12 +118,17 @@ def test_strided_query_view() -> None:
 
 
 def test_default_backend_follows_device() -> None:
-    # On CPU the compiled kernel is the default where it builds; the PyTorch path otherwise.
-    expected_cpu = "cpu" if is_cpu_kernel_available() else "torch"
-    assert resolve_backend(None, torch.device("cpu")) == expected_cpu
     assert resolve_backend(None, torch.device("cuda")) == "triton"
     with pytest.raises(ValueError, match="backend"):
         resolve_backend("cuda", torch.device("cpu"))  # type: ignore[arg-type,unused-ignore]
+
+
+# The compiled-GPU run (gpu-check) must not build the C++ CPU kernel: half a minute of device time.
+@pytest.mark.skipif(ON_GPU, reason="CPU tier: asking builds the C++ CPU kernel")
+def test_default_cpu_backend_is_the_compiled_kernel_where_it_builds() -> None:
+    # On CPU the compiled kernel is the default where it builds; the PyTorch path otherwise.
+    expected_cpu = "cpu" if is_cpu_kernel_available() else "torch"
+    assert resolve_backend(None, torch.device("cpu")) == expected_cpu
 
 
 @pytest.mark.parametrize(

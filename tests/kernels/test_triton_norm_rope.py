@@ -15,14 +15,18 @@ from .attention_cases import CAN_RUN_TRITON, DEVICE, INTERPRETER_WARNING, IS_INT
 ATOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 2e-2}
 RTOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+
+
+def _no_cpu_kernels() -> bool:
+    """Asked when a test is set up, not at collection: asking builds the C++ CPU kernel (half a
+    minute on a fresh machine), which a run of only the Triton tests (gpu-check) must not pay."""
+    return DEVICE.type != "cpu" or not is_cpu_kernel_available()
+
+
+NEEDS_CPU_KERNELS = pytest.mark.skipif("_no_cpu_kernels()", reason="needs the compiled CPU kernels")
 BACKENDS = [
     "torch",
-    pytest.param(
-        "cpu",
-        marks=pytest.mark.skipif(
-            DEVICE.type != "cpu" or not is_cpu_kernel_available(), reason="needs the compiled CPU kernels"
-        ),
-    ),
+    pytest.param("cpu", marks=NEEDS_CPU_KERNELS),
     pytest.param(
         "triton",
         marks=[
@@ -116,7 +120,7 @@ def test_rotary_embedding_in_place_on_qkv_views(backend: Backend, dtype: torch.d
     assert torch.equal(qkv_dev[:, num_heads + num_kv_heads :].cpu(), v_before)
 
 
-@pytest.mark.skipif(DEVICE.type != "cpu" or not is_cpu_kernel_available(), reason="needs the compiled CPU kernels")
+@NEEDS_CPU_KERNELS
 def test_cpu_rotary_is_bit_identical_to_the_torch_path() -> None:
     """The compiled rotary rounds exactly as the PyTorch ops do (no FMA contraction)."""
     gen = torch.Generator().manual_seed(5)
