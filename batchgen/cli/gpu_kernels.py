@@ -1,9 +1,13 @@
-"""The kernel half of `batchgen gpu-check`: the kernel tests on the real device, and attention
-timings.
+"""The kernel half of `batchgen gpu-check`: the compiled kernel tests on the real device, and
+attention timings.
 
-- `run_kernel_tests`: `pytest tests/kernels -m "gpu or not gpu"` with BATCHGEN_REAL_GPU=1 (so
-  tests/conftest.py leaves TRITON_INTERPRET unset and every Triton test runs compiled, on CUDA
-  tensors); the log goes to DIR/pytest_kernels.log.
+- `run_kernel_tests`: pytest over the test files it is given (gpu-check: the Triton ones), `gpu`-marked
+  tests included, with BATCHGEN_REAL_GPU=1 (so tests/conftest.py leaves TRITON_INTERPRET unset
+  and every Triton test runs compiled, on CUDA tensors), in a subprocess with a timeout; the log
+  goes to DIR/pytest_kernels.log. The CPU C++ kernel's tests stay out: building that kernel
+  costs a minute of device time and tells nothing about the GPU.
+- `build_paged_batch`, `time_ms`: a paged batch with blocks scattered through the pool, and CUDA
+  event timing, shared with `gpu_kernel_check`.
 - `bench_shape`: Triton paged attention against PyTorch SDPA over K/V already gathered into dense
   tensors (the best case for PyTorch: no gather in the timing) and against the whole PyTorch
   paged path (gather included), for decode and prefill shapes, bf16. torch.cuda.Event timing
@@ -14,10 +18,11 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import statistics
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,7 +32,18 @@ import torch.nn.functional as F
 
 from batchgen.kernels import AttentionMetadata
 
-__all__ = ["Shape", "Timing", "bench_shape", "bench_shapes", "print_timings", "run_kernel_tests"]
+__all__ = [
+    "Shape",
+    "Timing",
+    "bench_shape",
+    "bench_shapes",
+    "build_paged_batch",
+    "kernel_test_command",
+    "kernel_test_env",
+    "print_timings",
+    "run_kernel_tests",
+    "time_ms",
+]
 
 _REPO_ROOT = Path(__file__).resolve().parents[2]
 _L2_FLUSH_BYTES = 256 * 2**20
@@ -71,7 +87,7 @@ def bench_shapes() -> list[Shape]:
     return decode + prefill
 
 
-def _build(
+def build_paged_batch(
     shape: Shape, dtype: torch.dtype, dev: torch.device, block_size: int = 16
 ) -> tuple[Any, ...]:
     """Query, pool (blocks scattered at random), metadata and dense gathered K/V [B, KVH, L, D]."""
@@ -161,7 +177,7 @@ def _sdpa_candidates(
     return candidates
 
 
-def _time_ms(fn: Callable[[], object], flush: torch.Tensor, warmup: int, iters: int) -> float:
+def time_ms(fn: Callable[[], object], flush: torch.Tensor, warmup: int, iters: int) -> float:
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
@@ -183,12 +199,12 @@ def bench_shape(shape: Shape, dtype: torch.dtype, warmup: int, iters: int) -> Ti
 
     timing = Timing(shape)
     flush = torch.empty(_L2_FLUSH_BYTES, dtype=torch.uint8, device="cuda")
-    query, k_cache, v_cache, meta, dense_k, dense_v = _build(shape, dtype, torch.device("cuda"))
+    query, k_cache, v_cache, meta, dense_k, dense_v = build_paged_batch(shape, dtype, torch.device("cuda"))
     scale = 1.0 / math.sqrt(shape.head_dim)
     out_triton: torch.Tensor | None = None
     try:
         out_triton = paged_attention(query, k_cache, v_cache, meta, scale, backend="triton")
-        timing.triton_ms = _time_ms(
+        timing.triton_ms = time_ms(
             lambda: paged_attention(query, k_cache, v_cache, meta, scale, backend="triton"),
             flush,
             warmup,
@@ -202,7 +218,7 @@ def bench_shape(shape: Shape, dtype: torch.dtype, warmup: int, iters: int) -> Ti
     for name, fn in _sdpa_candidates(q, dense_k, dense_v, shape, scale):
         try:
             out_sdpa = fn()
-            timing.sdpa_ms = _time_ms(fn, flush, warmup, iters)
+            timing.sdpa_ms = time_ms(fn, flush, warmup, iters)
         except Exception as exc:  # try the next SDPA form
             timing.errors.append(f"sdpa {name}: {exc!r}")
             continue
@@ -213,7 +229,7 @@ def bench_shape(shape: Shape, dtype: torch.dtype, warmup: int, iters: int) -> Ti
         break
 
     try:
-        timing.torch_path_ms = _time_ms(
+        timing.torch_path_ms = time_ms(
             lambda: paged_attention(query, k_cache, v_cache, meta, scale, backend="torch"),
             flush,
             max(1, warmup // 2),
@@ -234,18 +250,60 @@ def bench_shape(shape: Shape, dtype: torch.dtype, warmup: int, iters: int) -> Ti
     return timing
 
 
-def run_kernel_tests(out_dir: Path) -> dict[str, Any]:
-    tests = _REPO_ROOT / "tests" / "kernels"
-    if not tests.is_dir():
-        return {"skipped": f"{tests} not found (run from a source checkout)"}
+def kernel_test_command(
+    test_files: Sequence[str], *, timeout_per_test_s: int = 300, collect_only: bool = False
+) -> list[str]:
+    """The pytest command of the compiled kernel tests `test_files` (names in tests/kernels: the
+    Triton ones; the CPU C++ kernel's tests would spend a minute of device time building it),
+    `gpu`-marked tests included, no cache folder written into the checkout."""
+    files = [str(Path("tests") / "kernels" / name) for name in test_files]
+    cmd = [sys.executable, "-m", "pytest", *files, "-m", "gpu or not gpu", "-q", "-rs", "-p", "no:cacheprovider"]
+    if collect_only:
+        return [*cmd, "--collect-only"]
+    return [*cmd, f"--timeout={timeout_per_test_s}"]
+
+
+def kernel_test_env() -> dict[str, str]:
+    """The environment of the kernel tests: BATCHGEN_REAL_GPU=1 (tests/conftest.py then leaves
+    TRITON_INTERPRET unset, so the kernels compile), TRITON_INTERPRET removed."""
     env = dict(os.environ, BATCHGEN_REAL_GPU="1")
     env.pop("TRITON_INTERPRET", None)
-    cmd = [sys.executable, "-m", "pytest", str(tests), "-m", "gpu or not gpu", "-q", "-rs"]
+    return env
+
+
+_COUNT = re.compile(r"(\d+) (passed|failed|skipped|errors?|xfailed|xpassed|deselected)")
+
+
+def run_kernel_tests(out_dir: Path, test_files: Sequence[str], *, timeout_s: float | None = None) -> dict[str, Any]:
+    """Run `kernel_test_command` from the checkout's root, its log in DIR/pytest_kernels.log.
+
+    Returns the return code (None when `timeout_s` ran out and the run was killed), the counts
+    of pytest's summary line and the line itself. FileNotFoundError without a source checkout."""
+    missing = [name for name in test_files if not (_REPO_ROOT / "tests" / "kernels" / name).is_file()]
+    if missing:
+        raise FileNotFoundError(f"{_REPO_ROOT / 'tests' / 'kernels'}: {', '.join(missing)} not found (run from a source checkout)")
     log = out_dir / "pytest_kernels.log"
+    returncode: int | None
     with log.open("w") as fh:
-        proc = subprocess.run(cmd, cwd=_REPO_ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT)
-    lines = [line for line in log.read_text().splitlines() if line.strip()]
-    return {"returncode": proc.returncode, "log": log.name, "summary": lines[-1] if lines else ""}
+        try:
+            proc = subprocess.run(
+                kernel_test_command(test_files), cwd=_REPO_ROOT, env=kernel_test_env(), stdout=fh, stderr=subprocess.STDOUT,
+                timeout=timeout_s,
+            )
+            returncode = proc.returncode
+        except subprocess.TimeoutExpired:
+            returncode = None
+    lines = [line for line in log.read_text(errors="replace").splitlines() if line.strip()]
+    summary = lines[-1] if lines else ""
+    counts = {("errors" if kind.startswith("error") else kind): int(n) for n, kind in _COUNT.findall(summary)}
+    return {
+        "returncode": returncode,
+        "timed_out": returncode is None,
+        "timeout_s": timeout_s,
+        "log": log.name,
+        "summary": summary,
+        "counts": counts,
+    }
 
 
 def _fmt(value: float | None, spec: str) -> str:

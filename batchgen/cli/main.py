@@ -215,11 +215,28 @@ def _prepare_sharegpt(args: argparse.Namespace) -> int:
 
 
 def _gpu_check(args: argparse.Namespace) -> int:
-    from batchgen.cli.gpu_check import run_gpu_check
+    from batchgen.cli.gpu_check import GpuCheckOptions, run_gpu_check
 
-    return run_gpu_check(
-        Path(args.out), num_prompts=args.num_prompts, max_tokens=args.max_tokens, max_num_seqs=args.max_num_seqs
-    )
+    try:
+        options = GpuCheckOptions(
+            out_dir=Path(args.out),
+            model=args.model,
+            requests=Path(args.requests) if args.requests else None,
+            stages=tuple(s for s in args.stages.split(",") if s),
+            preflight_only=args.preflight,
+            budget_s=args.budget_s,
+            max_kv_blocks=args.max_kv_blocks,
+            max_model_len=args.max_model_len,
+            num_prompts=args.num_prompts,
+            max_tokens=args.max_tokens,
+            max_num_seqs=args.max_num_seqs,
+            kernel_tests_timeout_s=args.kernel_tests_timeout_s,
+            work_dir=Path(args.work_dir) if args.work_dir else None,
+        )
+    except ValueError as exc:
+        print(f"error: gpu-check: {exc}", file=sys.stderr)
+        return 2
+    return run_gpu_check(options)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -270,8 +287,32 @@ def build_parser() -> argparse.ArgumentParser:
     prep.add_argument("--rows", type=int, default=128)
     prep.add_argument("--shards", type=int, default=4)
     prep.set_defaults(func=_prepare_sharegpt)
-    gpu = sub.add_parser("gpu-check", help="on a CUDA machine: kernel tests, kernel timings, engine tokens/s")
-    gpu.add_argument("--out", required=True, help="folder for the JSON reports and logs")
+    gpu = sub.add_parser(
+        "gpu-check",
+        help="on a CUDA machine: Triton kernels, compiled kernel tests, engine parity and tokens/s "
+        "(--preflight: what would run, anywhere)",
+    )
+    gpu.add_argument("--out", required=True, help="folder for gpu_check.json (rewritten after every stage) and logs")
+    gpu.add_argument(
+        "--preflight", action="store_true",
+        help="print versions, device, packages, files and the stage plan, import every module the "
+        "stages need, collect the kernel tests, write OUT/gpu_check.json; runs without CUDA",
+    )
+    gpu.add_argument(
+        "--stages", default="kernels,kernel_tests,model,engine,bench,attention",
+        help="comma-separated stages to run, in this order: kernels, kernel_tests, model, engine, bench, attention",
+    )
+    gpu.add_argument(
+        "--model", default=None,
+        help="HF folder (with weights, or a random_weights.json recipe: jobs/gpu/gpu_job.py prepare) "
+        "or .gguf (default: the built-in SmolLM2-135M)",
+    )
+    gpu.add_argument("--requests", default=None, help="bench requests as token-id JSON lines (default: built from ShareGPT)")
+    gpu.add_argument("--budget-s", type=float, default=None, help="seconds for all stages; a stage with too little left is skipped")
+    gpu.add_argument("--max-kv-blocks", type=int, default=8192, help="KV pool of the check's engines, in blocks")
+    gpu.add_argument("--max-model-len", type=int, default=2048, help="max_model_len of the check's engines")
+    gpu.add_argument("--kernel-tests-timeout-s", type=float, default=180.0, help="limit of the kernel tests' pytest run")
+    gpu.add_argument("--work-dir", default=None, help="where generated weights and request files go (default: a temp folder)")
     gpu.add_argument("--num-prompts", type=int, default=256)
     gpu.add_argument("--max-tokens", type=int, default=128)
     gpu.add_argument("--max-num-seqs", type=int, default=64)

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 
 import pytest
 import torch
 
 from batchgen.cli import gpu_kernels as gpu_check
-from batchgen.cli.gpu_check import run_gpu_check
+from batchgen.cli.gpu_check import GpuCheckOptions, run_gpu_check
 from batchgen.kernels import paged_attention
 
 
@@ -25,7 +26,7 @@ from batchgen.kernels import paged_attention
 def test_sdpa_baselines_match_the_paged_path(shape: gpu_check.Shape) -> None:
     # The benchmark compares Triton against these; they must compute the same attention.
     torch.manual_seed(0)
-    query, k_cache, v_cache, meta, dense_k, dense_v = gpu_check._build(
+    query, k_cache, v_cache, meta, dense_k, dense_v = gpu_check.build_paged_batch(
         shape, torch.float32, torch.device("cpu")
     )
     scale = 1.0 / math.sqrt(shape.head_dim)
@@ -44,5 +45,10 @@ def test_sdpa_baselines_match_the_paged_path(shape: gpu_check.Shape) -> None:
 def test_exits_with_message_without_cuda(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert run_gpu_check(tmp_path, num_prompts=1, max_tokens=1, max_num_seqs=1) == 2
-    assert "needs a CUDA GPU" in capsys.readouterr().err
+    interpret = os.environ.get("TRITON_INTERPRET")
+    assert run_gpu_check(GpuCheckOptions(out_dir=tmp_path, num_prompts=1, max_tokens=1, max_num_seqs=1)) == 2
+    captured = capsys.readouterr()
+    assert "needs a CUDA GPU" in captured.err
+    assert captured.out.startswith("gpu-check preflight\n")
+    # Stopping for want of CUDA leaves the environment alone (this process's kernels are interpreted).
+    assert os.environ.get("TRITON_INTERPRET") == interpret
