@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from pathlib import Path
@@ -10,7 +11,8 @@ import pytest
 import torch
 
 from batchgen.cli import gpu_kernels as gpu_check
-from batchgen.cli.gpu_check import GpuCheckOptions, run_gpu_check
+from batchgen.cli.gpu_check import TRITON_TEST_FILES, GpuCheckOptions, run_gpu_check
+from batchgen.cli.gpu_kernels import run_kernel_tests
 from batchgen.kernels import paged_attention
 
 
@@ -52,3 +54,64 @@ def test_exits_with_message_without_cuda(
     assert captured.out.startswith("gpu-check preflight\n")
     # Stopping for want of CUDA leaves the environment alone (this process's kernels are interpreted).
     assert os.environ.get("TRITON_INTERPRET") == interpret
+
+
+def test_the_real_run_wires_its_stages_in_order_with_their_needs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # CUDA faked, every stage function replaced: what is under test is run_gpu_check's wiring.
+    from batchgen.cli import gpu_check as check
+    from batchgen.cli.gpu_preflight import StagePlan
+    from batchgen.cli.gpu_stages import StageResult
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(check, "environment_facts", lambda interpret: {"cuda_available": True})
+    monkeypatch.setattr(check, "format_preflight", lambda *args: "gpu-check preflight (stub)")
+    monkeypatch.setattr(check, "_take_triton_interpret", lambda remove: None)
+    monkeypatch.setattr(check, "_plans", lambda o: {n: StagePlan(n, n, (), needs_cuda=False) for n in o.stages})
+    calls: list[str] = []
+
+    def fake(name: str, *, fail: bool = False) -> object:
+        def run(*args: object) -> StageResult:
+            calls.append(name)
+            if fail:
+                raise ImportError(f"No module named {name!r}")
+            return StageResult(True, {"stage": name})
+
+        return run
+
+    monkeypatch.setattr(check, "_stage_kernels", fake("kernels"))
+    monkeypatch.setattr(check, "_stage_kernel_tests", fake("kernel_tests"))
+    monkeypatch.setattr(check, "_stage_model", fake("model", fail=True))
+    monkeypatch.setattr(check, "_stage_engine", fake("engine"))
+    monkeypatch.setattr(check, "_stage_bench", fake("bench"))
+    monkeypatch.setattr(check, "_stage_attention", fake("attention"))
+    assert run_gpu_check(GpuCheckOptions(out_dir=tmp_path)) == 1
+    assert calls == ["kernels", "kernel_tests", "model", "attention"]
+    stages = json.loads((tmp_path / "gpu_check.json").read_text())["stages"]
+    assert list(stages) == ["preflight", "kernels", "kernel_tests", "model", "engine", "bench", "attention"]
+    assert stages["model"]["error"] == "ImportError: No module named 'model'"
+    assert stages["engine"]["reason"] == stages["bench"]["reason"] == "needs stage(s) that did not end ok (model: failed)"
+    assert stages["attention"]["status"] == "ok" and stages["attention"]["stage"] == "attention"
+    calls.clear()
+    assert run_gpu_check(GpuCheckOptions(out_dir=tmp_path / "two", stages=("kernels", "attention"))) == 0
+    assert calls == ["kernels", "attention"]
+    with pytest.raises(ValueError, match="unknown gpu-check stage"):
+        GpuCheckOptions(out_dir=tmp_path, stages=("kernels", "warp"))
+
+
+def test_kernel_tests_run_the_triton_files_and_report_their_counts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # On CPU with the interpreter off, the compiled Triton tests skip and the PyTorch-path ones run;
+    # no compiler, so the CPU-kernel cases of these files skip rather than build it.
+    monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "ext"))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    result = run_kernel_tests(tmp_path, TRITON_TEST_FILES, timeout_s=600)
+    assert result["returncode"] == 0, (tmp_path / "pytest_kernels.log").read_text()[-3000:]
+    assert result["timed_out"] is False and result["log"] == "pytest_kernels.log"
+    assert result["counts"]["passed"] > 0 and result["counts"]["skipped"] > 0
+    assert set(result["counts"]) <= {"passed", "skipped"}
+    log = (tmp_path / "pytest_kernels.log").read_text()
+    assert "test_triton_compile" not in log and "test_attention_cpu" not in log
+    timed_out = run_kernel_tests(tmp_path, TRITON_TEST_FILES, timeout_s=0.5)
+    assert timed_out["returncode"] is None and timed_out["timed_out"] is True

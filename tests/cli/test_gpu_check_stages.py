@@ -9,6 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from batchgen.cli.gpu_stages import Budget, Stage, StageReport, StageResult, run_stages
 
@@ -125,3 +127,57 @@ def test_an_interrupt_is_recorded_and_raised(tmp_path: Path) -> None:
     stages = _on_disk(tmp_path / "r.json")["stages"]
     assert stages["bench"]["status"] == "interrupted"
     assert "attention" not in stages
+
+
+_OUTCOMES = st.sampled_from(["ok", "false", "raise", "known-skip"])
+
+
+@given(
+    plan=st.lists(
+        st.tuples(_OUTCOMES, st.lists(st.integers(min_value=0, max_value=7), max_size=2)), min_size=1, max_size=8
+    )
+)
+def test_every_stage_is_recorded_once_in_order_whatever_its_neighbours_do(plan: list[tuple[str, list[int]]]) -> None:
+    """Random stage lists (each ok, returning False, raising, or skipped up front; each needing up to
+    two earlier stages): every stage gets exactly one final entry, in order; a stage runs exactly
+    when it has no known skip and all it needs ended ok; the result is False exactly when a stage
+    that ran did not end ok, or a stage was skipped because one it needed failed."""
+    import tempfile
+
+    ran: list[str] = []
+
+    def make(name: str, outcome: str) -> Stage:
+        def run() -> StageResult:
+            ran.append(name)
+            if outcome == "raise":
+                raise RuntimeError(f"{name} broke")
+            return StageResult(outcome == "ok", {"name": name})
+
+        return Stage(name, run, skip_reason="known" if outcome == "known-skip" else None)
+
+    stages = []
+    for idx, (outcome, needs) in enumerate(plan):
+        stage = make(f"s{idx}", outcome)
+        requires = tuple(sorted({f"s{n}" for n in needs if n < idx}))
+        stages.append(Stage(stage.name, stage.run, requires=requires, skip_reason=stage.skip_reason))
+    with tempfile.TemporaryDirectory() as tmp:
+        report = StageReport(Path(tmp) / "r.json", {"h": 1})
+        ok = run_stages(stages, report, log=lambda _: None)
+        assert _on_disk(report.path) == json.loads(json.dumps(report.as_dict()))
+    assert list(report.stages) == [s.name for s in stages]
+    expected_ok = True
+    for stage, (outcome, _) in zip(stages, plan, strict=True):
+        entry = report.stages[stage.name]
+        needs_ok = all(report.stages[r]["status"] == "ok" for r in stage.requires)
+        should_run = stage.skip_reason is None and needs_ok
+        assert (stage.name in ran) == should_run
+        if not should_run:
+            assert entry["status"] == "skipped"
+            if stage.skip_reason is None and any(report.stages[r]["status"] == "failed" for r in stage.requires):
+                expected_ok = False
+            continue
+        assert entry["status"] == {"ok": "ok", "false": "failed", "raise": "failed"}[outcome]
+        if outcome == "raise":
+            assert entry["error"] == f"RuntimeError: {stage.name} broke"
+        expected_ok = expected_ok and outcome == "ok"
+    assert ok is expected_ok
