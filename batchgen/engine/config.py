@@ -33,12 +33,18 @@ class SchedulerConfig:
     still cover every running sequence's next this-many tokens (or up to its end, if nearer):
     the admission watermark that keeps a small pool from thrashing. 0 admits whenever the next
     chunk fits (and leaves running out of blocks to recompute preemption).
+
+    `enable_chunked_prefill`: False computes each prompt's prefill in one step, as engines did
+    before Sarathi-Serve: a prompt is admitted only whole, while it fits what is left of the
+    token budget, and a step's first prompt always fits (a prompt longer than the budget runs
+    as its step's only prefill, past the budget). True (the default) cuts prompts into chunks.
     """
 
     max_num_seqs: int = 256
     max_num_batched_tokens: int | None = 2048
     batching: Batching = "continuous"
     admission_reserve_tokens: int = 128
+    enable_chunked_prefill: bool = True
 
     def __post_init__(self) -> None:
         check_int("SchedulerConfig.max_num_seqs", self.max_num_seqs, minimum=1)
@@ -48,6 +54,11 @@ class SchedulerConfig:
         if self.batching not in ("continuous", "static"):
             raise ValueError(
                 f"SchedulerConfig.batching must be 'continuous' or 'static', got {self.batching!r}"
+            )
+        if not isinstance(self.enable_chunked_prefill, bool):
+            raise ValueError(
+                "SchedulerConfig.enable_chunked_prefill must be a boolean, "
+                f"got {self.enable_chunked_prefill!r}"
             )
 
 

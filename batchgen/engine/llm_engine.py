@@ -1,7 +1,13 @@
 """The engine: one step = schedule, run the model, sample, update.
 
-Owns the request table (prompts, samples, detokenizers) and wires the scheduler, the KV block
-manager, the runner and the sampler together. Counters for `stats()` live here.
+Owns the request table (prompts, samples, detokenizers, latency records) and wires the
+scheduler, the KV block manager, the runner and the sampler together. Counters for `stats()`
+live here.
+
+The runner and the clock can be injected: by default a `ModelRunner` over the checkpoint's
+weights and `time.time`; the simulator passes a runner that returns sampled tokens from a cost
+model and a simulated clock, so the same scheduler, KV manager, timeline and latency records run
+without a model (the checkpoint's weights are then never read).
 """
 
 from __future__ import annotations
@@ -9,15 +15,16 @@ from __future__ import annotations
 import itertools
 import os
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import torch
 
 from batchgen.engine.config import CacheConfig, EngineConfigs, RunnerConfig, SchedulerConfig
 from batchgen.engine.detokenizer import IncrementalDetokenizer
 from batchgen.engine.kv_sizing import profile_cuda_kv_blocks
-from batchgen.engine.outputs import CompletionOutput, RequestOutput
-from batchgen.engine.runner import ModelRunner
+from batchgen.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from batchgen.engine.runner import ModelRunner, StepRunner
 from batchgen.engine.sampler import SampleRequest, sample
 from batchgen.engine.sampling_params import SamplingParams
 from batchgen.engine.scheduler import Scheduler
@@ -74,6 +81,9 @@ class _Request:
     params: SamplingParams
     seqs: list[Sequence]
     detokenizers: list[IncrementalDetokenizer | None]
+    arrival_time: float
+    first_scheduled_time: float | None = None
+    token_times: list[float] = field(default_factory=list)  # sample 0's, on the engine's clock
 
 
 def resolve_device(name: str | None) -> torch.device:
@@ -111,31 +121,46 @@ class LLMEngine:
         runner_config: RunnerConfig,
         seed: int = 0,
         timeline_max_rows: int = 1024,
+        runner: StepRunner | None = None,
+        num_kv_blocks: int | None = None,
+        clock: Callable[[], float] = time.time,
     ) -> None:
+        """runner: None builds a `ModelRunner` over the checkpoint's weights; an injected one
+        (the simulator's) comes with its pool size, `num_kv_blocks` (a value found for its
+        hardware; `cache_config.num_kv_blocks` when None). clock: seconds, read at each step's
+        start and end and for latency records (the timeline's times come from it). Raises
+        ValueError for sizes that cannot work."""
+        if num_kv_blocks is not None and runner is None:
+            raise ValueError("num_kv_blocks goes with an injected runner; set CacheConfig.num_kv_blocks")
         self.tokenizer = checkpoint.tokenizer
         self.model_config = checkpoint.config
         self.max_num_seqs = scheduler_config.max_num_seqs
         self._seed = seed
-        device = resolve_device(runner_config.device)
-        dtype = resolve_dtype(runner_config.dtype, device)
+        self.clock = clock
         self.max_model_len = self._max_model_len(runner_config)
-        model = LlamaModel(
-            checkpoint.config,
-            checkpoint.weights,
-            device=device,
-            dtype=dtype,
-            max_model_len=self.max_model_len,
-            attention_backend=runner_config.attention_backend,
-        )
         block_size = cache_config.block_size
-        num_blocks = self._num_blocks(cache_config, scheduler_config, model)
+        model = None
+        if runner is None:
+            device = resolve_device(runner_config.device)
+            model = LlamaModel(
+                checkpoint.config,
+                checkpoint.weights,
+                device=device,
+                dtype=resolve_dtype(runner_config.dtype, device),
+                max_model_len=self.max_model_len,
+                attention_backend=runner_config.attention_backend,
+            )
+        num_blocks = self._num_blocks(cache_config, scheduler_config, model, num_kv_blocks)
         self.kv = KVCacheManager(
             num_blocks,
             block_size,
             enable_prefix_caching=cache_config.enable_prefix_caching,
             hash_seed=cache_config.hash_seed,
         )
-        self.runner = ModelRunner(model, num_blocks=num_blocks, block_size=block_size)
+        if model is not None:
+            runner = ModelRunner(model, num_blocks=num_blocks, block_size=block_size)
+        assert runner is not None
+        self._runner: StepRunner = runner
         eos = set(checkpoint.config.eos_token_ids)
         if self.tokenizer.eos_token_id is not None:
             eos.add(self.tokenizer.eos_token_id)
@@ -166,10 +191,23 @@ class LLMEngine:
             )
         return runner_config.max_model_len
 
-    def _num_blocks(self, cache: CacheConfig, sched: SchedulerConfig, model: LlamaModel) -> int:
+    @property
+    def runner(self) -> ModelRunner:
+        """The model runner; RuntimeError for an engine built with an injected runner."""
+        if not isinstance(self._runner, ModelRunner):
+            raise RuntimeError("this engine runs an injected runner (a simulation), not a model")
+        return self._runner
+
+    def _num_blocks(
+        self, cache: CacheConfig, sched: SchedulerConfig, model: LlamaModel | None, injected: int | None
+    ) -> int:
         per_seq = -(-self.max_model_len // cache.block_size)
-        if cache.num_kv_blocks is not None:
+        if model is None and injected is not None:
+            num_blocks = injected
+        elif cache.num_kv_blocks is not None:
             num_blocks = cache.num_kv_blocks
+        elif model is None:
+            raise ValueError("an engine with an injected runner needs its num_kv_blocks")
         elif model.device.type == "cuda" and cache.kv_cache_memory_bytes is None:
             num_blocks = profile_cuda_kv_blocks(
                 model, sched, cache, max_model_len=self.max_model_len
@@ -190,10 +228,16 @@ class LLMEngine:
 
     # --------------------------------------------------------------- requests
     def add_request(
-        self, prompt_token_ids: list[int], params: SamplingParams, prompt: str | None = None
+        self,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        prompt: str | None = None,
+        *,
+        arrival_time: float | None = None,
     ) -> int:
-        """Queue a prompt; returns its request id. Raises ValueError if it cannot fit or asks
-        for more logprobs than the vocabulary holds."""
+        """Queue a prompt; returns its request id. `arrival_time` (engine clock seconds; default
+        now) starts its latency record. Raises ValueError if it cannot fit or asks for more
+        logprobs than the vocabulary holds."""
         self.check_prompt(prompt_token_ids)
         if params.logprobs is not None and params.logprobs > self.model_config.vocab_size:
             raise ValueError(
@@ -222,6 +266,7 @@ class LLMEngine:
             params=params,
             seqs=seqs,
             detokenizers=[IncrementalDetokenizer(self.tokenizer, stop) if stop else None for _ in seqs],
+            arrival_time=self.clock() if arrival_time is None else arrival_time,
         )
         self._requests[request_id] = request
         for seq in seqs:
@@ -253,7 +298,7 @@ class LLMEngine:
     # ------------------------------------------------------------------- step
     def step(self) -> list[RequestOutput]:
         """Run one step; returns the requests that finished in it."""
-        t_start = time.time()
+        t_start = self.clock()
         plan = self.scheduler.schedule()
         self._peak_blocks = max(self._peak_blocks, self.kv.num_used_blocks)
         if plan.is_empty:
@@ -261,12 +306,20 @@ class LLMEngine:
                 raise RuntimeError("scheduler made no progress with work pending (KV pool too small?)")
             return []
         self._num_steps += 1
-        advanced = self.scheduler.update(plan, self._run(plan))
+        for chunk in plan.chunks:
+            scheduled = self._seq_to_request[chunk.seq_id]
+            if scheduled.first_scheduled_time is None:
+                scheduled.first_scheduled_time = t_start
+        result = self._run(plan)
+        t_tokens = self.clock()
+        advanced = self.scheduler.update(plan, result)
         self._generation_tokens += len(advanced)
         finished: list[RequestOutput] = []
         touched: dict[int, _Request] = {}
         for seq in advanced:
             request = self._seq_to_request[seq.seq_id]
+            if seq.sample_index == 0:
+                request.token_times.append(t_tokens)
             detok = request.detokenizers[seq.sample_index]
             if detok is not None:
                 # Each advanced sequence received exactly one token in this step.
@@ -284,9 +337,15 @@ class LLMEngine:
 
     def _record_step(self, t_start: float, plan: StepPlan, num_sampled: int, num_finished: int) -> None:
         sched, kv = self.scheduler.stats(), self.kv
+        context = pairs = 0
+        for chunk in plan.chunks:
+            # | computed before: s | this chunk: q |  each of the q queries attends to s + its own prefix
+            s, q = chunk.start_pos, len(chunk.token_ids)
+            context += s + q
+            pairs += q * s + q * (q + 1) // 2
         self.timeline.record_step(
             t_start=t_start,
-            t_end=time.time(),
+            t_end=self.clock(),
             num_scheduled_tokens=plan.num_tokens,
             num_output_tokens=num_sampled,
             num_finished=num_finished,
@@ -298,10 +357,14 @@ class LLMEngine:
             kv_blocks_used=kv.num_used_blocks,
             kv_blocks_cached=kv.stats().num_cached_blocks,
             kv_blocks_free=kv.num_free_blocks,
+            num_context_tokens=context,
+            num_attention_pairs=pairs,
         )
 
     def _run(self, plan: StepPlan) -> StepResult:
-        step_logits = self.runner.execute(plan)
+        step_logits = self._runner.execute(plan)
+        if isinstance(step_logits, StepResult):
+            return step_logits  # an injected runner that picks the tokens itself (the simulator)
         num_samples = {c.seq_id: c.num_samples for c in plan.chunks}
         requests: list[SampleRequest] = []
         owners: list[int] = []
@@ -356,12 +419,18 @@ class LLMEngine:
             self.scheduler.release(seq.seq_id)
             del self._seq_to_request[seq.seq_id]
         del self._requests[request.request_id]
+        first_scheduled = request.first_scheduled_time
         return RequestOutput(
             request_id=request.request_id,
             prompt=request.prompt,
             prompt_token_ids=request.prompt_token_ids,
             num_cached_tokens=max(0, request.seqs[0].num_cached_tokens),
             outputs=tuple(outputs),
+            metrics=RequestMetrics(
+                arrival_time=request.arrival_time,
+                first_scheduled_time=request.arrival_time if first_scheduled is None else first_scheduled,
+                token_times=tuple(request.token_times),
+            ),
         )
 
     def stats(self) -> EngineStats:

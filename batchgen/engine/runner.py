@@ -3,18 +3,24 @@
 Turns a StepPlan into tensors (through the pure `build_step_arrays`), applies pending KV block
 copies, runs one forward pass over the flat batch and returns the logits of the tokens that
 sample. It never sees a live Sequence.
+
+`StepRunner` is what the engine calls on a runner: `ModelRunner` is the default; another
+runner may be injected (`LLMEngine(runner=...)`), e.g. the simulator's, which returns the
+sampled tokens itself (a `StepResult`) and runs no model.
 """
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import torch
 
 from batchgen.engine.step_arrays import build_step_arrays
-from batchgen.engine.step_plan import StepPlan
+from batchgen.engine.step_plan import StepPlan, StepResult
 from batchgen.kernels import AttentionMetadata, new_kv_cache
 from batchgen.models.llama import LlamaModel
 
-__all__ = ["ModelRunner", "StepLogits"]
+__all__ = ["ModelRunner", "StepLogits", "StepRunner"]
 
 
 class StepLogits:
@@ -25,6 +31,15 @@ class StepLogits:
     def __init__(self, logits: torch.Tensor, seq_ids: list[int]) -> None:
         self.logits = logits
         self.seq_ids = seq_ids
+
+
+class StepRunner(Protocol):
+    """What the engine calls on its runner, once per step."""
+
+    def execute(self, plan: StepPlan) -> StepLogits | StepResult:
+        """Compute the plan's tokens. Logits of the sampling chunks (the engine samples), or
+        the sampled tokens themselves (`StepResult`, one per sample of each sampling chunk)."""
+        ...
 
 
 class ModelRunner:

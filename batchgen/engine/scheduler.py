@@ -9,6 +9,9 @@ One step, under `max_num_batched_tokens` and `max_num_seqs`:
 2. running sequences still prefilling, a chunk each (a long prompt spans several steps);
 3. waiting sequences, admitted in order while the free blocks, after counting prefix-cache hits,
    cover their first chunk.
+With `enable_chunked_prefill` off a prefill is never cut: a sequence's remaining prompt is
+scheduled whole when it fits what is left of the budget, or as the step's first prefill (which
+may pass the budget); otherwise it waits (running) or stops admission (waiting).
 When a running sequence needs a block and none is free, the newest admitted sequence is
 preempted by recompute: its blocks are freed and it returns to the head of the queue; on return
 its prompt plus generated tokens are prefilled again (mostly from the prefix cache).
@@ -122,7 +125,9 @@ class Scheduler:
                 break
             if seq.status is not SequenceStatus.RUNNING:
                 continue  # preempted earlier in this loop
-            num_new = min(seq.num_tokens - seq.num_computed_tokens, remaining)
+            num_new = self._num_new(seq.num_tokens - seq.num_computed_tokens, remaining, planned)
+            if num_new == 0:
+                continue  # chunked prefill off: this prompt waits for a step with room
             while not self._kv.allocate(seq.seq_id, seq.num_computed_tokens + num_new):
                 victim = self._running[-1]
                 remaining += planned.pop(victim.seq_id, 0)
@@ -132,7 +137,7 @@ class Scheduler:
                     break
             else:
                 planned[seq.seq_id] = num_new
-                remaining -= num_new
+                remaining = max(0, remaining - num_new)
         # Only now is the set of running sequences final: a block filled by this step enters the
         # prefix cache once nothing can preempt its sequence before the forward pass writes its
         # KV (a victim's blocks stay cached when freed, and a later prompt would read them).
@@ -153,6 +158,15 @@ class Scheduler:
         copies = tuple(self._pending_copies)
         self._pending_copies.clear()
         return StepPlan(chunks=chunks, block_copies=copies)
+
+    def _num_new(self, num_todo: int, remaining: int, planned: dict[int, int]) -> int:
+        """Tokens to schedule of a sequence with `num_todo` left to compute: as many as the budget
+        leaves (chunked prefill), or, with chunking off, all of them or none (0: it waits). With
+        chunking off a step's first prefill always runs whole, past the budget if it must."""
+        if num_todo <= remaining or self._config.enable_chunked_prefill:
+            return min(num_todo, remaining)
+        has_prefill = any(n > 1 for n in planned.values())
+        return 0 if has_prefill else num_todo
 
     def _can_admit(self) -> bool:
         if self._config.batching == "static":
@@ -180,7 +194,7 @@ class Scheduler:
         #
         #   pool:  | held by running | reserved: their next blocks | free for admission |
         reserve = 0
-        if watermark:
+        if watermark and self._waiting and len(self._running) < self._config.max_num_seqs:
             reserve = sum(
                 self._blocks_ahead(s, s.num_computed_tokens + planned.get(s.seq_id, 0)) for s in self._running
             )
@@ -191,7 +205,9 @@ class Scheduler:
             # Take at most all but the last token from cache: the last one must be computed to
             # give the logits of the next token.
             hit = self._kv.match_prefix(seq.token_ids[: seq.num_tokens - 1])
-            num_new = min(seq.num_tokens - hit.num_tokens, remaining)
+            num_new = self._num_new(seq.num_tokens - hit.num_tokens, remaining, planned)
+            if num_new == 0 and not static:
+                break  # chunked prefill off: the prompt waits for a step with room (FIFO)
             own = self._blocks_ahead(seq, hit.num_tokens + num_new) if watermark else 0
             if self._running and watermark:
                 needed = self._kv.num_blocks_needed(hit.num_tokens + num_new) - len(hit.block_ids)
@@ -204,7 +220,7 @@ class Scheduler:
             self._start(seq, hit)
             if num_new > 0:
                 planned[seq.seq_id] = num_new
-                remaining -= num_new
+                remaining = max(0, remaining - num_new)
             self._kv.cache_blocks(seq.seq_id, seq.token_ids, seq.num_computed_tokens + num_new)
         return remaining
 
@@ -231,14 +247,19 @@ class Scheduler:
         start = seq.num_computed_tokens
         end = start + num_new
         num_samples = 0
+        seeds: tuple[int, ...] = ()
         if end == seq.num_tokens:
-            num_samples = 1 + len(self._pending_forks.get(seq.seq_id, ()))
+            forks = self._pending_forks.get(seq.seq_id, ())
+            num_samples = 1 + len(forks)
+            seeds = (seq.seed, *(child.seed for child in forks))
         return ScheduledChunk(
             seq_id=seq.seq_id,
             token_ids=tuple(seq.token_ids[start:end]),
             start_pos=start,
             block_table=self._kv.block_table(seq.seq_id),
             num_samples=num_samples,
+            sample_seeds=seeds,
+            num_generated_tokens=seq.num_generated_tokens,
         )
 
     # ---------------------------------------------------------------- update

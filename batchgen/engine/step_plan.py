@@ -23,6 +23,12 @@ class ScheduledChunk:
 
     num_samples: 0 when the chunk ends before the sequence's last token (no sampling), 1 for a
     next token, n when the first token of an n-sample request is drawn (the other samples fork).
+    sample_seeds: the seeds of those samples, in the order of `StepResult.sampled[seq_id]` (the
+    sequence's own, then its forks'); empty when nothing samples. num_generated_tokens: tokens
+    the sequence generated before this step (the index of the token it draws). Neither changes
+    what the forward pass computes; a runner that picks tokens itself (the simulator's) reads them.
+    prompt_logits_start: the chunk's positions from this one on (before its sampling position)
+    also return their logits, for prompt logprobs; None: only the sampling position's.
     """
 
     seq_id: int
@@ -30,6 +36,9 @@ class ScheduledChunk:
     start_pos: int
     block_table: tuple[int, ...]
     num_samples: int
+    sample_seeds: tuple[int, ...] = ()
+    num_generated_tokens: int = 0
+    prompt_logits_start: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

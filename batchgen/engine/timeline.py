@@ -31,7 +31,8 @@ __all__ = ["Timeline", "TimelineRow"]
 
 @dataclass(frozen=True, slots=True)
 class TimelineRow:
-    """One interval of a run. Times are Unix seconds (`time.time()`); gauges are means over the
+    """One interval of a run. Times are Unix seconds (the engine's clock: `time.time()` unless
+    a simulation's); gauges are means over the
     interval's steps (0 for an interval without steps); token counts are per interval.
 
     seqs_running: sequences in a step's batch; seqs_waiting: queued after its scheduling;
@@ -39,7 +40,11 @@ class TimelineRow:
     decode_tokens: the other scheduled tokens (decodes, and outputs recomputed after a preemption);
     cached_tokens: prompt tokens served by the prefix cache at admission;
     output_tokens: tokens sampled; finished_requests: requests the engine finished;
-    ok_rows / error_rows: rows the job emitted, by status (error rows may skip the engine).
+    ok_rows / error_rows: rows the job emitted, by status (error rows may skip the engine);
+    context_tokens: KV tokens the steps' attention read (per chunk, its start position plus its
+    tokens); attention_pairs: (query, key) pairs attention computed (a chunk of q tokens after s
+    computed ones: q*s + q*(q+1)/2). The last two are the cost model's work counts (batchgen.sim);
+    0 in rows written before they existed.
     """
 
     t_start: float
@@ -61,6 +66,8 @@ class TimelineRow:
     finished_requests: int
     ok_rows: int
     error_rows: int
+    context_tokens: int = 0
+    attention_pairs: int = 0
 
     @classmethod
     def field_names(cls) -> tuple[str, ...]:
@@ -87,6 +94,8 @@ class _Interval:
     finished_requests: int = 0
     ok_rows: int = 0
     error_rows: int = 0
+    context_tokens: int = 0
+    attention_pairs: int = 0
 
     def merge(self, other: _Interval) -> None:
         """Add `other` (the later interval) into this one."""
@@ -108,6 +117,8 @@ class _Interval:
         self.finished_requests += other.finished_requests
         self.ok_rows += other.ok_rows
         self.error_rows += other.error_rows
+        self.context_tokens += other.context_tokens
+        self.attention_pairs += other.attention_pairs
 
     def row(self, kv_blocks_total: int) -> TimelineRow:
         n = max(1, self.num_steps)
@@ -131,6 +142,8 @@ class _Interval:
             finished_requests=self.finished_requests,
             ok_rows=self.ok_rows,
             error_rows=self.error_rows,
+            context_tokens=self.context_tokens,
+            attention_pairs=self.attention_pairs,
         )
 
 
@@ -178,9 +191,11 @@ class Timeline:
         kv_blocks_used: int,
         kv_blocks_cached: int,
         kv_blocks_free: int,
+        num_context_tokens: int = 0,
+        num_attention_pairs: int = 0,
     ) -> None:
         """Add one engine step. The `*_total` arguments are the engine's cumulative counters;
-        times are Unix seconds."""
+        times are seconds on the engine's clock (Unix seconds unless a simulation's)."""
         with self._lock:
             prefill = prefill_tokens_total - self._last_prefill
             cached = cached_tokens_total - self._last_cached
@@ -206,6 +221,8 @@ class Timeline:
             interval.free_sum += kv_blocks_free
             interval.preemptions += preemptions
             interval.finished_requests += num_finished
+            interval.context_tokens += num_context_tokens
+            interval.attention_pairs += num_attention_pairs
             if interval.num_steps >= self._steps_per_row:
                 self._close()
 

@@ -296,7 +296,7 @@ async def _engine_loop(
                     try:
                         pending = list(reversed(recv.receive_nowait()))
                     except anyio.WouldBlock:
-                        if in_flight:
+                        if in_flight and not options.wait_for_rows:
                             break
                         try:
                             pending = list(reversed(await recv.receive()))
@@ -318,7 +318,7 @@ async def _engine_loop(
                     continue
                 in_flight[request_id] = row
             if results:
-                engine.timeline.record_rows(now=time.time(), num_ok=0, num_error=len(results))
+                engine.timeline.record_rows(now=engine.clock(), num_ok=0, num_error=len(results))
                 await send.send(results)
             if not in_flight:
                 if exhausted and not pending:
@@ -332,7 +332,7 @@ async def _engine_loop(
                 for out in finished:
                     row = in_flight.pop(out.request_id)
                     done.append(RowResult(row, _success_outputs(row, out, options)))
-                engine.timeline.record_rows(now=time.time(), num_ok=len(done), num_error=0)
+                engine.timeline.record_rows(now=engine.clock(), num_ok=len(done), num_error=0)
                 await send.send(done)
 
 

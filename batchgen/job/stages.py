@@ -97,6 +97,10 @@ class PipelineOptions:
     # Called after each batch of rows is written: (rows written, the engine's output tokens so
     # far, its prefix hit rate so far). A Ray worker reports its progress to the driver with it.
     on_progress: Callable[[int, int, float], None] | None = None
+    # True: the engine loop waits for the next window of rows whenever it holds fewer than its
+    # target, as if preparing rows cost no engine time (a simulation: its fast steps must not
+    # outrun the prepare stage, or its batches would depend on thread timing). A run steps on.
+    wait_for_rows: bool = False
 
 
 @dataclass(slots=True)

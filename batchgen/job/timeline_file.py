@@ -83,6 +83,11 @@ class TimelineFile:
         if keep_previous and self.path.is_file():
             try:
                 previous = pq.read_table(self.path)
+                for name in self._schema.names:  # a column added since that file was written: 0
+                    if name not in previous.column_names:
+                        previous = previous.append_column(
+                            name, pa.array([0] * previous.num_rows, self._schema.field(name).type)
+                        )
                 self._previous = previous.select(self._schema.names).cast(self._schema)
             except (pa.ArrowException, KeyError, OSError) as exc:
                 raise JobError(
