@@ -43,6 +43,7 @@ from batchgen.cli.gpu_preflight import (
     environment_facts,
     format_preflight,
     package_presence,
+    validate_inputs,
 )
 from batchgen.cli.gpu_stages import Budget, Stage, StageReport, StageResult, run_stages
 
@@ -186,7 +187,14 @@ def run_gpu_check(options: GpuCheckOptions) -> int:
     packages = package_presence()
     plans = _plans(o)
     checks = {name: check_plan(plan, has_cuda=has_cuda) for name, plan in plans.items()}
-    for name, problem in _validate_inputs(o, checks).items():
+    model_ready = "model" in checks and not checks["model"]["skip_reasons"] and not checks["model"]["import_errors"]
+    invalid = validate_inputs(
+        o.model if model_ready else None,
+        o.requests if "bench" in checks and o.requests is not None and o.requests.is_file() else None,
+        num_prompts=o.num_prompts,
+        max_model_len=o.max_model_len,
+    )
+    for name, problem in invalid.items():
         checks[name]["invalid_input"] = problem
         checks[name]["skip_reasons"].append(problem)
         checks[name]["would_run"] = False
@@ -203,12 +211,18 @@ def run_gpu_check(options: GpuCheckOptions) -> int:
     }
     report = StageReport(o.out_dir / REPORT_FILE, header)
     if o.preflight_only:
-        report.record("preflight", {"status": "ok"})
+        # What would waste device time is a failure here: a module that does not import, an input
+        # that does not read, kernel tests that do not collect. A missing file or CUDA is a skip.
+        problems = [f"{n}: import failed" for n, c in checks.items() if c["import_errors"]]
+        problems += [f"{n}: {c['invalid_input']}" for n, c in checks.items() if "invalid_input" in c]
+        collect = checks.get("kernel_tests", {}).get("collect")
+        if collect is not None and collect["returncode"] != 0:
+            problems.append(f"kernel_tests: collection failed ({collect['summary']})")
+        report.record("preflight", {"status": "failed" if problems else "ok", "problems": problems})
         print(f"wrote {report.path}")
-        failed = any(c["import_errors"] or "invalid_input" in c for c in checks.values()) or (
-            "collect" in checks.get("kernel_tests", {}) and checks["kernel_tests"]["collect"]["returncode"] != 0
-        )
-        return 1 if failed else 0
+        for problem in problems:
+            print(f"error: {problem}", file=sys.stderr)
+        return 1 if problems else 0
     if not has_cuda:
         report.record("preflight", {"status": "failed", "error": "no CUDA device"})
         print(
@@ -224,38 +238,6 @@ def run_gpu_check(options: GpuCheckOptions) -> int:
     print(json.dumps({name: entry.get("status") for name, entry in report.stages.items()}, indent=2))
     print(f"wrote {report.path}")
     return 0 if ok else 1
-
-
-def _validate_inputs(o: GpuCheckOptions, checks: dict[str, dict[str, Any]]) -> dict[str, str]:
-    """Read the model folder's config, tokenizer and recipe and the requests file now, in a
-    second, rather than fail on them after minutes of device time: stage -> problem."""
-    problems: dict[str, str] = {}
-    model_ok = "model" in checks and not checks["model"]["skip_reasons"] and not checks["model"]["import_errors"]
-    if model_ok and o.model is not None and Path(o.model).is_dir():
-        try:
-            from batchgen.cli.gpu_model import read_recipe
-            from batchgen.models.config import ModelConfig
-            from batchgen.tokenizer.tokenizer import Tokenizer
-
-            folder = Path(o.model)
-            ModelConfig.from_hf_dict(json.loads((folder / "config.json").read_text(encoding="utf-8")))
-            Tokenizer.from_hf_folder(folder)
-            read_recipe(folder)
-        except Exception as exc:  # the model stage would fail on it: say so now
-            problems["model"] = f"model folder {o.model}: {type(exc).__name__}: {exc}"
-    if "bench" in checks and o.requests is not None and o.requests.is_file():
-        try:
-            from batchgen.data.workloads import read_requests
-
-            requests = read_requests(o.requests)[: o.num_prompts]
-            longest = max((len(r.prompt_token_ids) + r.max_tokens for r in requests), default=0)
-            if not requests:
-                problems["bench"] = f"requests file {o.requests} holds no requests"
-            elif longest > o.max_model_len:
-                problems["bench"] = f"a request of {o.requests} needs {longest} tokens, over max_model_len {o.max_model_len}"
-        except (ValueError, OSError) as exc:
-            problems["bench"] = f"requests file {o.requests}: {exc}"
-    return problems
 
 
 def _collect_kernel_tests() -> dict[str, Any]:

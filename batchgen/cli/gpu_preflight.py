@@ -5,6 +5,8 @@ found in seconds, before any device time is spent on a stage.
   `torch.cuda.mem_get_info`, and the TRITON_INTERPRET value the command started with.
 - `package_presence`: which optional packages are importable, found without importing them
   (`importlib.util.find_spec`; a finder that refuses a name counts as absent).
+- `validate_inputs`: reads the model folder's config, tokenizer and recipe and the requests
+  file, in a second, rather than fail on them after minutes of device time.
 - `check_plan`: for one stage, imports every module it needs (so an import that would fail on the
   device fails in a preflight anywhere), and says whether it would run or why not (a missing
   package or file, no CUDA).
@@ -18,6 +20,7 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import importlib.util
+import json
 import platform
 import subprocess
 import time
@@ -34,6 +37,7 @@ __all__ = [
     "environment_facts",
     "format_preflight",
     "package_presence",
+    "validate_inputs",
 ]
 
 # Importable module -> distribution name, for the packages whose presence decides a stage or is
@@ -203,3 +207,37 @@ def format_preflight(facts: dict[str, Any], packages: dict[str, str | None], che
             lines.append(f"  {'':<19} tests collected: {check['collect']['summary']}")
     return "\n".join(lines)
 
+
+
+def validate_inputs(
+    model: str | None, requests: Path | None, *, num_prompts: int, max_model_len: int
+) -> dict[str, str]:
+    """Problems with the model folder (config, tokenizer, recipe) and the bench's requests (one
+    that does not read, none, or one longer than `max_model_len`): stage -> problem. None skips
+    that input; a model that is not a folder is not read here."""
+    problems: dict[str, str] = {}
+    if model is not None and Path(model).is_dir():
+        try:
+            from batchgen.cli.gpu_model import read_recipe
+            from batchgen.models.config import ModelConfig
+            from batchgen.tokenizer.tokenizer import Tokenizer
+
+            folder = Path(model)
+            ModelConfig.from_hf_dict(json.loads((folder / "config.json").read_text(encoding="utf-8")))
+            Tokenizer.from_hf_folder(folder)
+            read_recipe(folder)
+        except Exception as exc:  # the model stage would fail on it: say so now
+            problems["model"] = f"model folder {model}: {type(exc).__name__}: {exc}"
+    if requests is not None:
+        try:
+            from batchgen.data.workloads import read_requests
+
+            chosen = read_requests(requests)[:num_prompts]
+            longest = max((len(r.prompt_token_ids) + r.max_tokens for r in chosen), default=0)
+            if not chosen:
+                problems["bench"] = f"requests file {requests} holds no requests"
+            elif longest > max_model_len:
+                problems["bench"] = f"a request of {requests} needs {longest} tokens, over max_model_len {max_model_len}"
+        except (ValueError, OSError) as exc:
+            problems["bench"] = f"requests file {requests}: {exc}"
+    return problems

@@ -102,7 +102,7 @@ def test_preflight_on_the_standin_exits_0_and_writes_the_report(machine: dict[st
     assert "Traceback" not in output
     report = json.loads((out / "gpu_check.json").read_text())
     assert report["preflight_only"] is True
-    assert report["stages"] == {"preflight": {"status": "ok"}}
+    assert report["stages"] == {"preflight": {"status": "ok", "problems": []}}
     assert report["environment"]["cuda_available"] is False
     assert report["environment"]["triton_interpret_at_start"] == "1"
     assert report["environment"]["triton_interpret_kept"] is None
@@ -141,8 +141,11 @@ def test_preflight_refuses_a_request_longer_than_max_model_len(machine: dict[str
         "--max-model-len", "6",
     )
     assert proc.returncode == 1, proc.stdout + proc.stderr
-    bench = json.loads((out / "gpu_check.json").read_text())["preflight"]["bench"]
-    assert bench["invalid_input"] == f"a request of {machine['requests']} needs 7 tokens, over max_model_len 6"
+    problem = f"a request of {machine['requests']} needs 7 tokens, over max_model_len 6"
+    report = json.loads((out / "gpu_check.json").read_text())
+    assert report["preflight"]["bench"]["invalid_input"] == problem
+    assert report["stages"]["preflight"] == {"status": "failed", "problems": [f"bench: {problem}"]}
+    assert f"error: bench: {problem}" in proc.stderr
 
 
 def test_without_preflight_and_cuda_it_exits_2_with_its_message(machine: dict[str, Any]) -> None:
