@@ -2,7 +2,7 @@
 
     cli -> job -> engine -> models -> kernels;  job -> io;  engine -> radix;
     job, engine, models -> tokenizer;  cli, job -> data;  cli -> ray -> job (and job's arrows);
-    cli -> report -> io
+    cli -> report -> io;  cli -> sim -> job (and job's arrows)
 
 Layers are read off the tree: each subpackage of batchgen/ is a layer, the root folders radix/,
 io/, kernels/ are three more, the top-level modules (`llm.py`) are the public face, and
@@ -28,10 +28,13 @@ API = "batchgen"
 ALLOWED: dict[str, set[str]] = {
     "batchgen.cli": {API, "batchgen.job", "batchgen.engine", "batchgen.models", "batchgen.tokenizer",
                      "batchgen.data", "batchgen.kernels", "batchgen.radix", "batchgen.io", "batchgen.ray",
-                     "batchgen.report", BASE},
+                     "batchgen.report", "batchgen.sim", BASE},
     # executor: ray and the Ray Data stage sit above the job layer.
     "batchgen.ray": {"batchgen.job", "batchgen.engine", "batchgen.models", "batchgen.tokenizer",
                      "batchgen.io", "batchgen.data", BASE},
+    # the simulator drives the job's pipeline and the engine with a cost model for a runner.
+    "batchgen.sim": {"batchgen.job", "batchgen.engine", "batchgen.models", "batchgen.tokenizer",
+                     "batchgen.io", "batchgen.data", "batchgen.radix", BASE},
     API: {"batchgen.engine", "batchgen.models", "batchgen.tokenizer", BASE},
     "batchgen.job": {"batchgen.engine", "batchgen.models", "batchgen.tokenizer", "batchgen.data",
                      "batchgen.radix", "batchgen.io", BASE},
@@ -132,6 +135,9 @@ def test_the_scan_sees_the_packages() -> None:
         ("batchgen.job.pipeline", "from batchgen.cli.bench import run_bench"),
         ("batchgen.job.run", "from batchgen.ray.driver import run_ray_job"),
         ("batchgen.ray.driver", "from batchgen.cli.main import main"),
+        ("batchgen.sim.job", "from batchgen.report import write_job_report"),
+        ("batchgen.job.run", "from batchgen.sim.job import simulate_job"),
+        ("batchgen.engine.llm_engine", "from batchgen.sim.runner import SimClock"),
         ("batchgen.radix.block_pool", "from batchgen.engine.sequence import Sequence"),
         ("batchgen.radix.block_pool", "import torch"),
         ("batchgen.kernels.dispatch", "from batchgen.models.config import ModelConfig"),

@@ -4,6 +4,11 @@ All modes run the same prompts with the same weights, one after the other, so th
 comparable even on a shared, noisy machine. Figures come out as a table and as JSON, and with
 the JSON a report page (`<out>.html`: the modes side by side, the engine modes' timelines
 overlaid).
+
+Every engine run goes through the scheduling lab (`batchgen.cli.lab`): requests all at once or
+arriving at `request_rate` (Poisson), each request's latency record (queue wait, TTFT, time
+between tokens, end to end) summarized in the result, measured on the wall or CPU clock, or
+simulated (`SimSpec`: the same engine on a hardware profile's cost model, no model run).
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import pyarrow as pa
 from tqdm.auto import tqdm
@@ -34,7 +39,13 @@ from batchgen.engine.timeline import TimelineRow
 from batchgen.job.timeline_file import describe_environment, new_run_id, timeline_table
 from batchgen.models.checkpoint import Checkpoint, load_checkpoint
 
-__all__ = ["BenchResult", "run_bench"]
+if TYPE_CHECKING:
+    from batchgen.cli.lab import LabClock
+    from batchgen.sim.engine import SimModel
+    from batchgen.sim.hardware import HardwareProfile
+    from batchgen.sim.lengths import TokenSource
+
+__all__ = ["BenchResult", "SimSpec", "make_engine", "run_bench", "run_engine", "run_workload_bench"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +64,34 @@ class BenchResult:
     peak_kv_blocks_used: int
     output_digest: str  # sha256 of every request's output token ids, in request order
     workload: str = "sharegpt"
+    # How it ran: requests/s of the arrivals (None: all at once), the clock the times are on
+    # ("wall", "cpu", or "simulated <hardware>").
+    request_rate: float | None = None
+    clock: str = "wall"
+    # Latency records (seconds; `batchgen.cli.lab.latency_summary`): over requests, and for
+    # tbt over every gap between two tokens of a request.
+    queue_mean_s: float = 0.0
+    queue_p50_s: float = 0.0
+    queue_p99_s: float = 0.0
+    ttft_mean_s: float = 0.0
+    ttft_p50_s: float = 0.0
+    ttft_p99_s: float = 0.0
+    tbt_mean_s: float = 0.0
+    tbt_p50_s: float = 0.0
+    tbt_p99_s: float = 0.0
+    e2e_mean_s: float = 0.0
+    e2e_p50_s: float = 0.0
+    e2e_p99_s: float = 0.0
+    tpot_mean_s: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class SimSpec:
+    """Run the engine modes simulated: the model as priced, the hardware, the token source."""
+
+    model: SimModel
+    hardware: HardwareProfile
+    tokens: TokenSource
 
 
 def _digest(outputs: Sequence[Sequence[int]]) -> str:
@@ -92,7 +131,7 @@ def _run_mode(
         cache_config=cache_config or CacheConfig(),
         runner_config=RunnerConfig(device=device, dtype=dtype),
     )
-    result = _run_engine(engine, prompts, params, outputs=outputs, use_tqdm=use_tqdm, desc=batching)
+    result = run_engine(engine, prompts, params, outputs=outputs, use_tqdm=use_tqdm, desc=batching)
     model = engine.runner.model
     return _ModeRun(
         _replace_mode(result, batching, "sharegpt"),
@@ -103,7 +142,7 @@ def _run_mode(
     )
 
 
-def _run_engine(
+def run_engine(
     engine: LLMEngine,
     prompts: Sequence[list[int]],
     params: Sequence[SamplingParams],
@@ -111,24 +150,24 @@ def _run_engine(
     outputs: dict[int, tuple[int, ...]] | None,
     use_tqdm: bool,
     desc: str,
+    clock: LabClock | None = None,
+    arrivals: Sequence[float] | None = None,
+    clock_name: str = "wall",
+    request_rate: float | None = None,
 ) -> BenchResult:
-    """Queue every prompt, step until done; wall time covers the steps only."""
-    index = {}
+    """Queue each prompt at its arrival (all at once by default), step until done; the time
+    covers the steps only, on `clock` (the engine's own; wall time by default). Fills `outputs`
+    (prompt index -> generated ids)."""
+    from batchgen.cli.lab import drive, lab_clock, latency_summary
+
+    run = drive(engine, prompts, params, clock=clock or lab_clock("wall"), arrivals=arrivals,
+                use_tqdm=use_tqdm, desc=desc)
     collected: dict[int, tuple[int, ...]] = {} if outputs is None else outputs
-    for i, (token_ids, request_params) in enumerate(zip(prompts, params, strict=True)):
-        index[engine.add_request(list(token_ids), request_params)] = i
-    bar = tqdm(total=len(prompts), desc=f"bench {desc}", unit="req", disable=not use_tqdm)
-    start = time.perf_counter()
-    while engine.has_unfinished():
-        done = engine.step()
-        for out in done:
-            collected[index[out.request_id]] = out.outputs[0].token_ids
-        bar.update(len(done))
-    wall = time.perf_counter() - start
-    bar.close()
+    collected.update(run.outputs)
+    wall = max(run.wall_s, 1e-9)
     stats = engine.stats()
     prompt_tokens = sum(len(p) for p in prompts)
-    return BenchResult(
+    fields: dict[str, Any] = dict(
         mode=desc,
         wall_s=round(wall, 3),
         num_requests=len(prompts),
@@ -142,7 +181,11 @@ def _run_engine(
         num_preemptions=stats.num_preemptions,
         peak_kv_blocks_used=stats.peak_kv_blocks_used,
         output_digest=_digest([collected[i] for i in range(len(prompts))]),
+        request_rate=request_rate,
+        clock=clock_name,
     )
+    fields.update(latency_summary([run.metrics[i] for i in sorted(run.metrics)]))
+    return BenchResult(**fields)
 
 
 def _run_transformers(
@@ -331,42 +374,118 @@ def run_workload_bench(
     outputs_out: Path | None = None,
     repeats: int = 1,
     use_tqdm: bool = True,
+    clock: str = "wall",
+    request_rate: float | None = None,
+    ignore_eos: bool = False,
+    simulate: SimSpec | None = None,
+    out: Path | None = None,
 ) -> list[BenchResult]:
-    """One of the ShareGPT workloads (see workloads.py), greedy, stop at EOS, through the
-    continuous engine with the given configuration, `repeats` times (a fresh engine each).
+    """One of the ShareGPT workloads (see workloads.py), greedy, stop at EOS (unless
+    `ignore_eos`), through the engine with the given configuration, `repeats` times (a fresh
+    engine each), requests all at once or arriving at `request_rate` (Poisson, seed 0).
 
     `requests_in` replays requests written earlier instead of building them; `requests_out`
     writes the exact requests; `outputs_out` writes each request's generated token ids (of the
-    last repeat) as JSON lines {"request_id", "token_ids"}.
+    last repeat) as JSON lines {"request_id", "token_ids"}. `clock`: "wall" or "cpu" (this
+    process's CPU seconds; steadier on a shared machine). `simulate`: the engine runs on the
+    simulator instead (no model; times are the cost model's). `out`: the results as JSON, with
+    the run's model and engine (what calibration reads) and `<out>.timeline.parquet`.
     """
-    checkpoint = load_checkpoint(model)
+    from batchgen.cli.lab import poisson_arrivals
+
+    checkpoint: Checkpoint | None = None
+    if simulate is not None:
+        tokenizer: Any = simulate.model.tokenizer
+    else:
+        checkpoint = load_checkpoint(model)
+        tokenizer = checkpoint.tokenizer
     if requests_in is not None:
         requests = read_requests(requests_in)
     else:
-        requests = build_workload(
-            workload, checkpoint.tokenizer, num_requests=num_requests, max_tokens=max_tokens
-        )
+        requests = build_workload(workload, tokenizer, num_requests=num_requests, max_tokens=max_tokens)
     if requests_out is not None:
         write_requests(requests_out, requests)
     prompts = [list(r.prompt_token_ids) for r in requests]
-    params = [SamplingParams(temperature=0, max_tokens=r.max_tokens) for r in requests]
+    params = [SamplingParams(temperature=0, max_tokens=r.max_tokens, ignore_eos=ignore_eos) for r in requests]
+    arrivals = poisson_arrivals(len(requests), request_rate)
     results: list[BenchResult] = []
     outputs: dict[int, tuple[int, ...]] = {}
+    timelines: list[list[TimelineRow]] = []
+    engine: LLMEngine | None = None
     for _ in range(repeats):
-        engine = LLMEngine(
-            checkpoint,
-            scheduler_config=scheduler_config,
-            cache_config=cache_config,
-            runner_config=runner_config,
+        engine, run_clock, clock_name = make_engine(
+            checkpoint, simulate, scheduler_config, cache_config, runner_config, clock=clock
         )
         outputs.clear()
-        result = _run_engine(engine, prompts, params, outputs=outputs, use_tqdm=use_tqdm, desc=workload)
-        results.append(_replace_mode(result, "batchgen", workload))
-        del engine
+        result = run_engine(engine, prompts, params, outputs=outputs, use_tqdm=use_tqdm, desc=workload,
+                            clock=run_clock, arrivals=arrivals, clock_name=clock_name, request_rate=request_rate)
+        results.append(_replace_mode(result, "simulated" if simulate is not None else "batchgen", workload))
+        timelines.append(engine.timeline.rows())
     if outputs_out is not None:
         _write_outputs(outputs_out, requests, outputs)
     print(format_table(results))
+    if out is not None and engine is not None:
+        _write_workload_json(out, results, timelines, engine, model=model, simulate=simulate,
+                             block_size=cache_config.block_size)
     return results
+
+
+def make_engine(
+    checkpoint: Checkpoint | None,
+    simulate: SimSpec | None,
+    scheduler_config: SchedulerConfig,
+    cache_config: CacheConfig,
+    runner_config: RunnerConfig,
+    *,
+    clock: str,
+) -> tuple[LLMEngine, LabClock, str]:
+    """A fresh engine (simulated when `simulate` is given, else over `checkpoint`), the lab
+    clock it runs on and that clock's name for the results."""
+    from batchgen.cli.lab import engine_clock, lab_clock
+
+    if simulate is not None:
+        from batchgen.engine.config import EngineConfigs
+        from batchgen.sim.engine import build_sim_engine
+
+        sim = build_sim_engine(simulate.model, EngineConfigs(scheduler_config, cache_config, runner_config),
+                               simulate.hardware, simulate.tokens)
+        return sim.engine, lab_clock("sim", sim.clock), f"simulated {simulate.hardware.name}"
+    if checkpoint is None:
+        raise ValueError("a real engine needs a checkpoint")
+    engine = LLMEngine(
+        checkpoint,
+        scheduler_config=scheduler_config,
+        cache_config=cache_config,
+        runner_config=runner_config,
+        clock=engine_clock(clock),
+    )
+    return engine, lab_clock(clock), clock
+
+
+def _write_workload_json(
+    out: Path,
+    results: Sequence[BenchResult],
+    timelines: Sequence[list[TimelineRow]],
+    engine: LLMEngine,
+    *,
+    model: str | None,
+    simulate: SimSpec | None,
+    block_size: int,
+) -> None:
+    """`out` (results and the run's model and engine) and `<out>.timeline.parquet`."""
+    from batchgen.io import write_json_atomic, write_parquet_atomic
+
+    if simulate is not None:
+        device, dtype = f"simulated {simulate.hardware.name}", f"{simulate.hardware.dtype_bytes}-byte"
+    else:
+        device, dtype = str(engine.runner.model.device), str(engine.runner.model.dtype)
+    run = {"model": model, "engine": {"device": device, "dtype": dtype, "num_kv_blocks": engine.kv.num_blocks},
+           "block_size": block_size}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(out, {"run": run, "results": [asdict(r) for r in results]})
+    run_id = new_run_id()
+    tables = [timeline_table(rows, run_id=f"{run_id}-{i}", run_index=i) for i, rows in enumerate(timelines)]
+    write_parquet_atomic(out.with_suffix(".timeline.parquet"), pa.concat_tables(tables))
 
 
 def _replace_mode(result: BenchResult, mode: str, workload: str) -> BenchResult:
@@ -384,13 +503,14 @@ def _write_outputs(path: Path, requests: Sequence[BenchRequest], outputs: dict[i
 
 def format_table(results: Sequence[BenchResult]) -> str:
     base = results[-1].output_tokens_per_s if results else 0.0
+    width = max([12, *(len(r.mode) + 1 for r in results)])
     lines = [
-        f"{'mode':<12}{'wall s':>9}{'out tok':>9}{'out tok/s':>11}{'vs last':>9}{'steps':>8}{'prefill':>9}{'preempt':>9}"
+        f"{'mode':<{width}}{'wall s':>9}{'out tok':>9}{'out tok/s':>11}{'vs last':>9}{'steps':>8}{'prefill':>9}{'preempt':>9}"
     ]
     for r in results:
         ratio = r.output_tokens_per_s / base if base else float("nan")
         lines.append(
-            f"{r.mode:<12}{r.wall_s:>9.1f}{r.output_tokens:>9}{r.output_tokens_per_s:>11.1f}{ratio:>8.2f}x"
+            f"{r.mode:<{width}}{r.wall_s:>9.1f}{r.output_tokens:>9}{r.output_tokens_per_s:>11.1f}{ratio:>8.2f}x"
             f"{r.num_steps:>8}{r.prefill_tokens_computed:>9}{r.num_preemptions:>9}"
         )
     return "\n".join(lines)

@@ -1,5 +1,5 @@
 """Command line: `batchgen run job.yaml`, `run-batch`, `report`, `bench`, `gpu-check`,
-`prepare-sharegpt`.
+`prepare-sharegpt`, `simulate`.
 
 The CLI is the only place that reads environment variables and sets process-wide torch options.
 """
@@ -13,7 +13,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from batchgen.cli.bench import SimSpec
     from batchgen.job.config import JobConfig
+    from batchgen.sim.lengths import TokenSource
 
 __all__ = ["main"]
 
@@ -57,7 +59,7 @@ def _bench(args: argparse.Namespace) -> int:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    if args.workload is not None:
+    if args.sweep or args.workload is not None or args.simulate is not None:
         return _bench_workload(args)
     run_bench(
         model=args.model,
@@ -76,44 +78,75 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def _bench_workload(args: argparse.Namespace) -> int:
-    """`bench --workload ...`: the engine's defaults unless options override them."""
-    import json
-    from dataclasses import asdict
-
+    """`bench --workload ...` (and `--sweep`, `--simulate`): the engine's defaults unless
+    options override them."""
     from batchgen.cli.bench import run_workload_bench
     from batchgen.engine.config import CacheConfig, RunnerConfig, SchedulerConfig
 
     defaults = SchedulerConfig()
-    sched = SchedulerConfig(
-        max_num_seqs=args.max_num_seqs or defaults.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens or defaults.max_num_batched_tokens,
-    )
-    cache = CacheConfig(
-        kv_cache_memory_bytes=int(args.kv_cache_gib * (1 << 30)) if args.kv_cache_gib else None
-    )
+    workload = args.workload or ("multi-turn" if args.sweep else "single-turn")
     try:
-        results = run_workload_bench(
+        sched = SchedulerConfig(
+            max_num_seqs=args.max_num_seqs or defaults.max_num_seqs,
+            max_num_batched_tokens=args.max_num_batched_tokens or defaults.max_num_batched_tokens,
+            batching=args.batching,
+            enable_chunked_prefill=not args.no_chunked_prefill,
+        )
+        cache = CacheConfig(
+            kv_cache_memory_bytes=int(args.kv_cache_gib * (1 << 30)) if args.kv_cache_gib else None,
+            enable_prefix_caching=not args.no_prefix_caching,
+        )
+        simulate = _bench_simulation(args)
+        common = dict(
             model=args.model,
-            workload=args.workload,
+            workload=workload,
             num_requests=args.num_prompts,
             max_tokens=args.max_tokens,
-            scheduler_config=sched,
             cache_config=cache,
             runner_config=RunnerConfig(device=args.device, dtype=args.dtype),
             requests_in=Path(args.requests_in) if args.requests_in else None,
+            use_tqdm=not args.quiet,
+            clock=args.clock,
+            request_rate=args.request_rate,
+            ignore_eos=args.ignore_eos,
+            simulate=simulate,
+            out=Path(args.out) if args.out else None,
+        )
+        if args.sweep:
+            from batchgen.cli.bench_sweep import run_sweep
+
+            sizes = [int(m) for m in args.sweep_max_num_seqs.split(",") if m]
+            run_sweep(max_num_seqs=sizes, max_num_batched_tokens=sched.max_num_batched_tokens, **common)
+            return 0
+        run_workload_bench(
+            scheduler_config=sched,
             requests_out=Path(args.requests_out) if args.requests_out else None,
             outputs_out=Path(args.outputs_out) if args.outputs_out else None,
             repeats=args.repeats,
-            use_tqdm=not args.quiet,
+            **common,
         )
     except (ValueError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    if args.out:
-        out = Path(args.out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps({"results": [asdict(r) for r in results]}, indent=2))
     return 0
+
+
+def _bench_simulation(args: argparse.Namespace) -> SimSpec | None:
+    """`bench --simulate HARDWARE`: the SimSpec of the engine modes (None without it)."""
+    if args.simulate is None:
+        return None
+    from batchgen.cli.bench import SimSpec
+    from batchgen.sim.engine import load_sim_model
+    from batchgen.sim.hardware import load_hardware
+    from batchgen.sim.lengths import Filler, MaxTokens, RecordedOutputs, read_bench_outputs
+
+    model = load_sim_model(args.model, model_config=Path(args.model_config) if args.model_config else None)
+    eos = [*model.config.eos_token_ids]
+    filler = Filler.for_tokenizer(model.tokenizer, eos)
+    tokens: TokenSource = MaxTokens(filler)
+    if args.outputs_in:
+        tokens = RecordedOutputs(read_bench_outputs(Path(args.outputs_in)), filler=filler, eos=eos[0])
+    return SimSpec(model, load_hardware(args.simulate), tokens)
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -349,8 +382,35 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--device", default=None)
     bench.add_argument("--threads", type=int, default=int(os.environ.get("BATCHGEN_THREADS", "0")) or None)
     bench.add_argument("--out", default=None, help="write the figures as JSON here")
+    bench.add_argument(
+        "--clock", choices=["wall", "cpu"], default="wall",
+        help="with --workload/--sweep: times on the wall clock, or this process's CPU seconds (steadier on a shared machine)",
+    )
+    bench.add_argument("--request-rate", type=float, default=None, help="requests/s, Poisson arrivals (default: all at once)")
+    bench.add_argument("--ignore-eos", action="store_true", help="every request generates its max_tokens")
+    bench.add_argument("--batching", choices=["continuous", "static"], default="continuous", help="with --workload")
+    bench.add_argument("--no-chunked-prefill", action="store_true", help="with --workload: each prompt's prefill in one step")
+    bench.add_argument("--no-prefix-caching", action="store_true", help="with --workload: the radix prefix cache off")
+    bench.add_argument(
+        "--sweep", action="store_true",
+        help="continuous vs static batching, chunked prefill and prefix caching on and off, at each "
+        "--sweep-max-num-seqs; the report draws throughput against p99 time between tokens and waiting time",
+    )
+    bench.add_argument("--sweep-max-num-seqs", default="8,16,32", help="comma-separated max_num_seqs of the sweep")
+    bench.add_argument(
+        "--simulate", default=None, metavar="HARDWARE",
+        help="run the engine on the simulator: a built-in profile (h100-sxm, ...) or a profile file",
+    )
+    bench.add_argument("--model-config", default=None, help="with --simulate: price the model of this config.json")
+    bench.add_argument(
+        "--outputs-in", default=None,
+        help="with --simulate: replay the generated token ids of --outputs-out (request order)",
+    )
     bench.add_argument("--quiet", action="store_true", help="no progress bars")
     bench.set_defaults(func=_bench)
+    from batchgen.cli.simulate import add_simulate_parser
+
+    add_simulate_parser(sub)
     return parser
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from batchgen._lazy import lazy_getattr
 
-__all__ = ["ReportPaths", "write_bench_report", "write_job_report"]
+__all__ = ["ReportPaths", "write_bench_report", "write_job_report", "write_sweep_report"]
 
 __getattr__ = lazy_getattr(
     __name__,
@@ -20,5 +20,6 @@ __getattr__ = lazy_getattr(
         "ReportPaths": "job_report",
         "write_job_report": "job_report",
         "write_bench_report": "bench_report",
+        "write_sweep_report": "bench_report",
     },
 )

@@ -57,8 +57,9 @@ def write_job_report(out: Path | JobFolder, *, png: bool = False) -> ReportPaths
 def render_job_report(files: JobFiles) -> tuple[str, list[FigureImage]]:
     """The page's HTML and its figures."""
     now = datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
-    page = Page("batchgen job report", f"{files.out_dir} · written {now}")
     summary = files.summary or {}
+    simulated = summary.get("simulated")
+    page = Page("batchgen job report" + (" (simulated)" if simulated else ""), f"{files.out_dir} · written {now}")
     run = summary.get("run", {})
     ideal = summary.get("prefix_hit_rate", {}).get("ideal")
     traces = traces_from_timeline(files.timeline) if files.timeline is not None else []
@@ -68,6 +69,8 @@ def render_job_report(files: JobFiles) -> tuple[str, list[FigureImage]]:
         page.section("Last run", Page.text("No summary.json: the job has not finished a run.", note=True))
     else:
         page.section("Last run", _summary_table(summary))
+    if simulated:
+        page.section("Simulated", *_simulated(simulated))
     page.section("Runs", *_runs(traces))
     if figures:
         page.section("Timeline", *(Page.figure(f.png, f.title) for f in figures))
@@ -104,6 +107,23 @@ def _summary_table(d: dict[str, Any]) -> str:
             ("KV blocks", f"{kv.get('peak_used', 0):,} peak used of {kv.get('total', 0):,}"),
         ]
     )
+
+
+def _simulated(sim: dict[str, Any]) -> list[str]:
+    """What a `batchgen simulate` summary says of how it was predicted."""
+    hw = sim.get("hardware", {})
+    return [
+        Page.text("Predicted by batchgen simulate: no model ran; every time on this page comes from "
+                  "the cost model on the hardware below.", note=True),
+        kv_table([
+            ("hardware", f"{hw.get('name', '?')} ({hw.get('description', '')})"),
+            ("model priced", sim.get("model", "?")),
+            ("output lengths", sim.get("output_lengths", "?")),
+            ("workers", sim.get("workers") or 1),
+            ("makespan (s)", sim.get("makespan_s")),
+            ("simulated in (s)", sim.get("simulation_s")),
+        ]),
+    ]
 
 
 def _runs(traces: Sequence[RunTrace]) -> list[str]:
