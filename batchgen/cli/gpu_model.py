@@ -169,7 +169,7 @@ def materialize_model(folder: Path, work_dir: Path) -> Path:
     if weights_file.is_file():
         return out
     out.mkdir(parents=True, exist_ok=True)
-    for name in _FOLDER_FILES:
+    for name in (*_FOLDER_FILES, RECIPE_FILE):
         if (folder / name).is_file():
             shutil.copyfile(folder / name, out / name)
     gen = torch.Generator().manual_seed(recipe.seed)
@@ -179,6 +179,9 @@ def materialize_model(folder: Path, work_dir: Path) -> Path:
         for name, shape in sorted(expected_weight_shapes(config).items())
     }
     tmp = out / f"{_WEIGHTS_FILE}.tmp"
-    save_file(weights, str(tmp), metadata={"format": "pt", "recipe": json.dumps(asdict(recipe))})
+    # One metadata key only: safetensors writes a metadata map in no fixed order, and the file's
+    # bytes (the checkpoint's fingerprint) must follow from the recipe alone. The recipe itself
+    # is copied beside the weights.
+    save_file(weights, str(tmp), metadata={"format": "pt"})
     tmp.replace(weights_file)
     return out

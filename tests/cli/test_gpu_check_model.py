@@ -62,7 +62,9 @@ def test_weights_drawn_from_a_recipe_are_seeded_loadable_and_reused(tmp_path: Pa
     first = materialize_model(folder, tmp_path / "work-a")
     second = materialize_model(folder, tmp_path / "work-b")
     assert first == tmp_path / "work-a" / "recipe-seed5-bfloat16" and not (folder / "model.safetensors").exists()
+    # The same bytes (and so the same checkpoint fingerprint) from the same recipe, every time.
     assert _digest(first / "model.safetensors") == _digest(second / "model.safetensors")
+    assert load_checkpoint(str(first)).fingerprint == load_checkpoint(str(second)).fingerprint
     mtime = (first / "model.safetensors").stat().st_mtime_ns
     assert materialize_model(folder, tmp_path / "work-a") == first
     assert (first / "model.safetensors").stat().st_mtime_ns == mtime  # reused, not drawn again
