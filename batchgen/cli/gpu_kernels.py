@@ -257,7 +257,8 @@ def kernel_test_command(
     Triton ones; the CPU C++ kernel's tests would spend a minute of device time building it),
     `gpu`-marked tests included, no cache folder written into the checkout."""
     files = [str(Path("tests") / "kernels" / name) for name in test_files]
-    cmd = [sys.executable, "-m", "pytest", *files, "-m", "gpu or not gpu", "-q", "-rs", "-p", "no:cacheprovider"]
+    cmd = [sys.executable, "-m", "pytest", *files, "-m", "gpu or not gpu", "-q", "-rs", "--tb=short"]
+    cmd += ["-p", "no:cacheprovider"]
     if collect_only:
         return [*cmd, "--collect-only"]
     return [*cmd, f"--timeout={timeout_per_test_s}"]
