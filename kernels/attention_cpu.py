@@ -34,6 +34,7 @@ import torch
 from .metadata import AttentionMetadata
 
 __all__ = [
+    "build_cpu_kernel_variant",
     "cpu_kv_cache",
     "is_cpu_kernel_available",
     "is_cpu_kv_layout",
@@ -67,21 +68,36 @@ def load_cpu_kernel() -> ModuleType:
 
     Raises RuntimeError (from torch's builder) when there is no working C++ compiler.
     """
+    return build_cpu_kernel_variant()
+
+
+def build_cpu_kernel_variant(
+    defines: tuple[str, ...] = (), include_dirs: tuple[Path, ...] = (), name: str = "batchgen_cpu_attention"
+) -> ModuleType:
+    """Build (or load from torch's cache) the extension with extra `-D` defines and include
+    folders; no extras gives the production build, `load_cpu_kernel`'s. Tests build the
+    variant with `BATCHGEN_EMULATE_AVX512` (the AVX-512 paths on a CPU without AVX-512) this way.
+
+    Raises RuntimeError (from torch's builder) when the build fails.
+    """
     from torch.utils.cpp_extension import load
 
+    extra = tuple(f"-D{d}" for d in defines)
+    headers = sorted(p for folder in include_dirs for p in folder.glob("*.h"))
     # The source folder is in the key too: torch rebuilds an extension whose source paths changed,
     # so two checkouts sharing one name would rebuild it in turn (half a minute each time).
     key = hashlib.sha256(
-        b"".join(p.read_bytes() for p in (_SOURCE, *_HEADERS))
-        + " ".join(_CFLAGS).encode()
+        b"".join(p.read_bytes() for p in (_SOURCE, *_HEADERS, *headers))
+        + " ".join(_CFLAGS + extra).encode()
         + _cpu_flags().encode()
         + torch.__version__.encode()
         + str(_SOURCE.parent.resolve()).encode()
     ).hexdigest()[:12]
     module: ModuleType = load(
-        name=f"batchgen_cpu_attention_{key}",
+        name=f"{name}_{key}",
         sources=[str(_SOURCE)],
-        extra_cflags=list(_CFLAGS),
+        extra_cflags=[*_CFLAGS, *extra],
+        extra_include_paths=[str(p) for p in include_dirs],
         extra_ldflags=["-fopenmp"],
         verbose=False,
     )
@@ -138,8 +154,13 @@ def paged_attention_cpu(
     v_cache: torch.Tensor,
     meta: AttentionMetadata,
     scale: float,
+    *,
+    sliding_window: int | None = None,
+    logits_soft_cap: float | None = None,
 ) -> torch.Tensor:
-    """Attention of every query token over its sequence's cached K/V (float32, CPU).
+    """Attention of every query token over its sequence's cached K/V (float32, CPU), with an
+    optional sliding window and logit soft cap (as `dispatch.paged_attention`; blocks wholly
+    outside a query's window are not read).
 
     query: [num_tokens, num_heads, head_dim]; returns a new tensor of that shape. Reads the
     caches only, which must be laid out as `cpu_kv_cache` makes them. Raises RuntimeError for
@@ -147,13 +168,22 @@ def paged_attention_cpu(
     outside the pools or the query: a block id a sequence reads outside [0, num_blocks), a
     decreasing `query_start_loc` or one past the query's tokens, more query tokens than
     `seq_lens` holds, a `seq_lens` past the block table, or tensors of mismatched lengths. The
-    kernel checks these where it reads them (about 3 us per call for a batch-64 decode step).
+    kernel checks these where it reads them (about 3 us per call for a batch-64 decode step),
+    and a window below 1 or a cap that is not positive and finite.
     """
     kernel = load_cpu_kernel()
     # A named range, so that torch.profiler shows the kernel's time (jobs/bench/profile_step.py).
     with _named("batchgen::paged_attention_cpu"):
         out: torch.Tensor = kernel.paged_attention(
-            query.contiguous(), k_cache, v_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc, scale
+            query.contiguous(),
+            k_cache,
+            v_cache,
+            meta.block_tables,
+            meta.seq_lens,
+            meta.query_start_loc,
+            scale,
+            sliding_window,
+            logits_soft_cap,
         )
     return out
 

@@ -7,7 +7,12 @@
 // table with an online softmax, so nothing is gathered or padded:
 //
 //   seq s:  | context (cached) ............ | chunk (q_len tokens) |
-//   query token i sits at position seq_len - q_len + i and sees keys 0 .. that position.
+//   query token i sits at position p = seq_len - q_len + i and sees keys lo .. p, where
+//   lo = max(0, p - window + 1) with a sliding window and 0 without one.
+//
+// Blocks wholly below a row's lo are not read at all (a long context under a small window
+// costs the window, not the context); lo inside a block masks the keys below it. Scores are
+// scale * q.k, then cap * tanh(score / cap) with a logit soft cap (Gemma 2), before the mask.
 //
 // The pools are laid out for these loops (the tensors keep the shape [num_blocks, block_size,
 // KVH, D] of every backend, as strided views; kernels.new_kv_cache allocates them):
@@ -46,7 +51,24 @@
 #include <limits>
 #include <vector>
 
+// How a query row's scores are formed and which keys it sees (see the top of this file).
+struct ScoreRule {
+  float scale;
+  bool has_cap;
+  float cap, inv_cap;
+  bool has_window;
+  int64_t window;
+  // The first key position a query at position pos sees.
+  int64_t lo(int64_t pos) const { return has_window ? std::max<int64_t>(0, pos - window + 1) : 0; }
+};
+
 #if defined(__AVX512F__)
+#define BATCHGEN_TILE16 1
+#include "cpu_attention_tile.h"
+#elif defined(BATCHGEN_EMULATE_AVX512)
+// Test builds only: the AVX-512 paths on a CPU without AVX-512 (tests/kernels/test_attention_cpu_avx512.py).
+#define BATCHGEN_TILE16 1
+#include "avx512_emulation.h"
 #include "cpu_attention_tile.h"
 #endif
 
@@ -100,12 +122,52 @@ inline __m256 exp_neg(__m256 x) {
   return _mm256_andnot_ps(is_tiny, y);
 }
 
+// expm1(x) for x <= 0: exp_neg's reduction and polynomial, with e^r - 1 = r + r^2 P(r) formed
+// directly, 2^n (e^r - 1) + (2^n - 1), so that a small |x| keeps its relative precision.
+inline __m256 expm1_neg(__m256 x) {
+  x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));  // 2^n stays a normal float
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  const __m256 em1 = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r);
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  const __m256 two_n = _mm256_castsi256_ps(e);
+  return _mm256_fmadd_ps(two_n, em1, _mm256_sub_ps(two_n, _mm256_set1_ps(1.0f)));
+}
+
+// cap * tanh(s / cap), 8 lanes: tanh|u| = -e / (2 + e) with e = expm1(-2|u|), the sign put
+// back (the same arithmetic as tile16::soft_cap).
+inline __m256 soft_cap8(__m256 s, float cap, float inv_cap) {
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  const __m256 u = _mm256_mul_ps(s, _mm256_set1_ps(inv_cap));
+  const __m256 e = expm1_neg(_mm256_mul_ps(_mm256_andnot_ps(sign, u), _mm256_set1_ps(-2.0f)));
+  const __m256 t = _mm256_div_ps(_mm256_sub_ps(_mm256_setzero_ps(), e), _mm256_add_ps(e, _mm256_set1_ps(2.0f)));
+  return _mm256_or_ps(_mm256_mul_ps(t, _mm256_set1_ps(cap)), _mm256_and_ps(sign, u));
+}
+
 #endif
 
-// s[j] = scale * q . k_j for the first n tokens of a block, from the block's K transposed
-// (kt[d * block_size + j]); returns their maximum.
+// s[j] = cap * tanh(s[j] / cap) for j < n.
+inline void soft_cap(float* s, int64_t n, float cap, float inv_cap) {
+  int64_t j = 0;
+#if defined(__AVX2__) && defined(__FMA__)
+  for (; j + 8 <= n; j += 8) _mm256_storeu_ps(s + j, soft_cap8(_mm256_loadu_ps(s + j), cap, inv_cap));
+#endif
+  for (; j < n; ++j) s[j] = cap * std::tanh(s[j] * inv_cap);
+}
+
+// s[j] = scale * q . k_j (soft-capped when the rule asks) for n tokens of a block from the
+// block's K transposed (kt[d * block_size + j]; kt + first for the tokens from first on);
+// returns their maximum.
 inline float block_scores(const float* qr, const float* kt, int64_t block_size, int64_t n, int64_t head_dim,
-                          float scale, float* s) {
+                          const ScoreRule& rule, float* s) {
   for (int64_t j = 0; j < n; ++j) s[j] = 0.f;
   for (int64_t d = 0; d < head_dim; ++d) {  // one row of kt (n keys) per q element
     const float qd = qr[d];
@@ -113,11 +175,10 @@ inline float block_scores(const float* qr, const float* kt, int64_t block_size, 
 #pragma omp simd
     for (int64_t j = 0; j < n; ++j) s[j] += qd * row[j];
   }
+  for (int64_t j = 0; j < n; ++j) s[j] *= rule.scale;
+  if (rule.has_cap) soft_cap(s, n, rule.cap, rule.inv_cap);
   float best = -std::numeric_limits<float>::infinity();
-  for (int64_t j = 0; j < n; ++j) {
-    s[j] *= scale;
-    best = std::max(best, s[j]);
-  }
+  for (int64_t j = 0; j < n; ++j) best = std::max(best, s[j]);
   return best;
 }
 
@@ -191,12 +252,16 @@ inline void block_pv(float* a, float alpha, const float* p, const float* vb, int
   }
 }
 
-// One row's online-softmax step over the first `visible` keys of a block (kt: its K transposed,
-// vb: its V rows): scores into s, then running max m, running sum l and the unnormalized output
-// acc updated.
-inline void row_block(const float* qr, const float* kt, const float* vb, int64_t block_size, int64_t visible,
-                      int64_t head_dim, float scale, float* s, float& m, float& l, float* acc) {
-  const float block_max = block_scores(qr, kt, block_size, visible, head_dim, scale, s);
+// One row's online-softmax step over keys first .. visible - 1 of a block (kt: its K
+// transposed, vb: its V rows; first > 0 where a sliding window starts inside the block): scores
+// into s, then running max m, running sum l and the unnormalized output acc updated.
+inline void row_block(const float* qr, const float* kt, const float* vb, int64_t block_size, int64_t first,
+                      int64_t visible, int64_t head_dim, const ScoreRule& rule, float* s, float& m, float& l,
+                      float* acc) {
+  kt += first;              // column first of the transposed block
+  vb += first * head_dim;   // row first of V
+  visible -= first;
+  const float block_max = block_scores(qr, kt, block_size, visible, head_dim, rule, s);
   const float m_new = std::max(m, block_max);
   const float alpha = std::exp(m - m_new);
   l = l * alpha + block_exp(s, visible, m_new);
@@ -223,28 +288,30 @@ inline int64_t block_offset(int64_t id, int64_t h, int64_t num_kv_heads, int64_t
 void run_item(const Item& it, const float* q, float* out, const float* k_cache, const float* v_cache,
               const int32_t* block_table, int64_t seq_len, int64_t q_len, int64_t q_start,
               int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t block_size,
-              float scale, std::vector<float>& scratch) {
+              const ScoreRule& rule, std::vector<float>& scratch) {
   const int64_t group = num_heads / num_kv_heads;
   const int64_t tile = it.q_end - it.q_begin;
   const int64_t rows = tile * group;
   const int64_t context = seq_len - q_len;
   auto offset = [&](int64_t b) { return block_offset(block_table[b], it.kv_head, num_kv_heads, block_size, head_dim); };
-#if defined(__AVX512F__)
+#if defined(BATCHGEN_TILE16)
   if (block_size == 16 && head_dim % 16 == 0 && rows >= kMinTileRows) {
     std::vector<const float*> q_rows(rows);
     std::vector<float*> out_rows(rows);
-    std::vector<int64_t> pos(rows);
+    std::vector<int64_t> pos(rows), lo(rows);
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t t = it.q_begin + r / group;
       const int64_t h = it.kv_head * group + r % group;
       q_rows[r] = q + ((q_start + t) * num_heads + h) * head_dim;
       out_rows[r] = out + ((q_start + t) * num_heads + h) * head_dim;
       pos[r] = context + t;
+      lo[r] = rule.lo(pos[r]);
     }
     auto kb = [&](int64_t b) { return k_cache + offset(b); };
     auto vb = [&](int64_t b) { return v_cache + offset(b); };
     const int64_t num_blocks = (context + it.q_end - 1) / block_size + 1;
-    tile16::run(rows, q_rows.data(), pos.data(), out_rows.data(), num_blocks, kb, vb, head_dim, scale, scratch);
+    tile16::run(rows, q_rows.data(), pos.data(), lo.data(), out_rows.data(), num_blocks, kb, vb, head_dim, rule,
+                scratch);
     return;
   }
 #endif
@@ -263,7 +330,10 @@ void run_item(const Item& it, const float* q, float* out, const float* k_cache, 
   const int64_t last_pos = context + it.q_end - 1;  // highest key position any row sees
   const int64_t num_blocks = last_pos / block_size + 1;
   const int64_t block_floats = block_size * head_dim;
-  for (int64_t b = 0; b < num_blocks; ++b) {
+  // The lowest key position any row sees (the tile's first token's window start): blocks below
+  // it are skipped.
+  const int64_t first_block = rule.lo(context + it.q_begin) / block_size;
+  for (int64_t b = first_block; b < num_blocks; ++b) {
     const int64_t base = b * block_size;
     const int64_t n = std::min(block_size, last_pos + 1 - base);
     const float* kt = k_cache + offset(b);
@@ -277,9 +347,10 @@ void run_item(const Item& it, const float* q, float* out, const float* k_cache, 
       const float* qr = q_row(r);
       const int64_t pos = context + it.q_begin + r / group;
       const int64_t visible = std::min(n, pos + 1 - base);  // causal limit inside this block
+      const int64_t first = std::max<int64_t>(0, rule.lo(pos) - base);  // window start inside it
       float* s = scores + r * block_size;
-      if (visible <= 0) continue;
-      row_block(qr, kt, vb, block_size, visible, head_dim, scale, s, m[r], l[r], acc + r * head_dim);
+      if (visible <= first) continue;
+      row_block(qr, kt, vb, block_size, first, visible, head_dim, rule, s, m[r], l[r], acc + r * head_dim);
     }
   }
   for (int64_t r = 0; r < rows; ++r) {
@@ -300,11 +371,12 @@ void run_item(const Item& it, const float* q, float* out, const float* k_cache, 
 // where later turns extend earlier ones, that more than halves the K/V bytes read per step.
 // Every row goes through the same arithmetic over the same blocks in the same order whatever
 // its slice or its run, so a sequence's output is bit-identical whether or not others share its
-// blocks (the prefix cache on or off).
+// blocks (the prefix cache on or off). With a sliding window, sequence u visits only blocks
+// first_block(u) .. num_blocks(u) - 1, the ones its window reaches.
 void run_decode_slice(const int64_t* seqs, int64_t count, int64_t kv_head, const float* q, float* out,
                       const float* k_cache, const float* v_cache, const int32_t* tables, int64_t max_blocks,
                       const int32_t* lens, const int32_t* starts, int64_t num_heads, int64_t num_kv_heads,
-                      int64_t head_dim, int64_t block_size, float scale, std::vector<float>& scratch) {
+                      int64_t head_dim, int64_t block_size, const ScoreRule& rule, std::vector<float>& scratch) {
   const int64_t group = num_heads / num_kv_heads;
   const int64_t rows = count * group;
   scratch.assign(rows * head_dim + block_size + rows * 2, 0.f);
@@ -315,29 +387,35 @@ void run_decode_slice(const int64_t* seqs, int64_t count, int64_t kv_head, const
   for (int64_t r = 0; r < rows; ++r) m[r] = -std::numeric_limits<float>::infinity();
   const int64_t block_floats = block_size * head_dim;
   auto num_blocks = [&](int64_t u) { return (lens[seqs[u]] + block_size - 1) / block_size; };
+  auto lo = [&](int64_t u) { return rule.lo(lens[seqs[u]] - 1); };  // the query sits at len - 1
+  auto first_block = [&](int64_t u) { return lo(u) / block_size; };
+  auto visits = [&](int64_t u, int64_t b) { return first_block(u) <= b && b < num_blocks(u); };
   auto block_id = [&](int64_t u, int64_t b) { return static_cast<int64_t>(tables[seqs[u] * max_blocks + b]); };
   auto offset = [&](int64_t id) { return block_offset(id, kv_head, num_kv_heads, block_size, head_dim); };
   auto q_row = [&](int64_t r) {  // row r = (sequence u = r / group, q head g = r % group of the KV head)
     return q + (static_cast<int64_t>(starts[seqs[r / group]]) * num_heads + kv_head * group + r % group) * head_dim;
   };
-  int64_t most_blocks = 0;
-  for (int64_t u = 0; u < count; ++u) most_blocks = std::max(most_blocks, num_blocks(u));
+  int64_t most_blocks = 0, fewest_skipped = std::numeric_limits<int64_t>::max();
+  for (int64_t u = 0; u < count; ++u) {
+    most_blocks = std::max(most_blocks, num_blocks(u));
+    fewest_skipped = std::min(fewest_skipped, first_block(u));
+  }
   // The slice's runs in visiting order: (block index b, sequences [i, j) in sorted order, which
-  // all have block id at b). Listed first, so that the loop below can prefetch ahead.
+  // all visit block id at b). Listed first, so that the loop below can prefetch ahead.
   struct Run {
     int64_t b, i, j, id;
   };
   std::vector<Run> runs;
-  for (int64_t b = 0; b < most_blocks; ++b) {
+  for (int64_t b = fewest_skipped; b < most_blocks; ++b) {
     int64_t i = 0;
     while (i < count) {
-      if (num_blocks(i) <= b) {
+      if (!visits(i, b)) {
         ++i;
         continue;
       }
       const int64_t id = block_id(i, b);
       int64_t j = i + 1;
-      while (j < count && num_blocks(j) > b && block_id(j, b) == id) ++j;
+      while (j < count && visits(j, b) && block_id(j, b) == id) ++j;
       runs.push_back({b, i, j, id});
       i = j;
     }
@@ -361,23 +439,26 @@ void run_decode_slice(const int64_t* seqs, int64_t count, int64_t kv_head, const
     }
     const float* kt = k_cache + offset(id);
     const float* vb = v_cache + offset(id);
+    // The keys of the block row r sees: first(r) .. visible(r) - 1 (its causal limit, and its
+    // window's start where that falls inside the block).
     auto visible = [&](int64_t r) { return std::min(block_size, lens[seqs[r / group]] - base); };
-#if defined(__AVX512F__)
+    auto first = [&](int64_t r) { return std::max<int64_t>(0, lo(r / group) - base); };
+#if defined(BATCHGEN_TILE16)
     if (block_size == 16 && head_dim % 16 == 0) {
       // The run's rows (i * group .. j * group - 1, adjacent in acc, m and l) in chunks of up to
-      // 6 that see the same number of keys (a block can be the last, partial one of some
-      // sequences of the run).
+      // 6 that see the same keys (a block can be the last, partial one of some sequences of the
+      // run, or hold the start of some one's window).
       const float* qs[6];
       float* accs[6];
-      int64_t chunk = 0, chunk_n = 0, r0 = 0;
+      int64_t chunk = 0, chunk_n = 0, chunk_first = 0, r0 = 0;
       for (int64_t r = i * group; r <= j * group; ++r) {
         const bool end = r == j * group;
-        if (chunk > 0 && (end || chunk == 6 || visible(r) != chunk_n)) {
-          tile16::decode_rows_n(chunk, qs, kt, vb, chunk_n, head_dim, scale, m + r0, l + r0, accs);
+        if (chunk > 0 && (end || chunk == 6 || visible(r) != chunk_n || first(r) != chunk_first)) {
+          tile16::decode_rows_n(chunk, qs, kt, vb, chunk_first, chunk_n, head_dim, rule, m + r0, l + r0, accs);
           chunk = 0;
         }
         if (end) break;
-        if (chunk == 0) chunk_n = visible(r), r0 = r;
+        if (chunk == 0) chunk_n = visible(r), chunk_first = first(r), r0 = r;
         qs[chunk] = q_row(r);
         accs[chunk++] = acc + r * head_dim;
       }
@@ -385,7 +466,8 @@ void run_decode_slice(const int64_t* seqs, int64_t count, int64_t kv_head, const
     }
 #endif
     for (int64_t r = i * group; r < j * group; ++r) {
-      row_block(q_row(r), kt, vb, block_size, visible(r), head_dim, scale, scores, m[r], l[r], acc + r * head_dim);
+      row_block(q_row(r), kt, vb, block_size, first(r), visible(r), head_dim, rule, scores, m[r], l[r],
+                acc + r * head_dim);
     }
   }
   for (int64_t r = 0; r < rows; ++r) {
@@ -463,10 +545,23 @@ bool is_kernel_layout(const torch::Tensor& k_cache, const torch::Tensor& v_cache
 // query [T, H, D] (contiguous); caches [num_blocks, block_size, KVH, D] as views of the kernel's
 // layout (float32; see the top of this file): K stored [num_blocks, KVH, D, block_size], V stored
 // [num_blocks, KVH, block_size, D]. block_tables int32 [S, max_blocks], seq_lens int32 [S],
-// query_start_loc int32 [S + 1].
+// query_start_loc int32 [S + 1]. sliding_window (>= 1) and logits_soft_cap (> 0, finite): see
+// the top of this file; None for neither.
 torch::Tensor paged_attention(torch::Tensor query, torch::Tensor k_cache, torch::Tensor v_cache,
                               torch::Tensor block_tables, torch::Tensor seq_lens,
-                              torch::Tensor query_start_loc, double scale) {
+                              torch::Tensor query_start_loc, double scale, c10::optional<int64_t> sliding_window,
+                              c10::optional<double> logits_soft_cap) {
+  TORCH_CHECK(!sliding_window.has_value() || *sliding_window >= 1,
+              "cpu paged attention: sliding_window must be at least 1, got ", sliding_window.value_or(0));
+  TORCH_CHECK(!logits_soft_cap.has_value() || (*logits_soft_cap > 0.0 && std::isfinite(*logits_soft_cap)),
+              "cpu paged attention: logits_soft_cap must be positive and finite, got ", logits_soft_cap.value_or(0.0));
+  ScoreRule rule{};
+  rule.scale = static_cast<float>(scale);
+  rule.has_cap = logits_soft_cap.has_value();
+  rule.cap = static_cast<float>(logits_soft_cap.value_or(1.0));
+  rule.inv_cap = 1.0f / rule.cap;
+  rule.has_window = sliding_window.has_value();
+  rule.window = sliding_window.value_or(0);
   TORCH_CHECK(query.scalar_type() == torch::kFloat32 && k_cache.scalar_type() == torch::kFloat32 &&
                   v_cache.scalar_type() == torch::kFloat32,
               "cpu paged attention takes float32");
@@ -502,7 +597,7 @@ torch::Tensor paged_attention(torch::Tensor query, torch::Tensor k_cache, torch:
               ", outside the query's ", query.size(0), " tokens");
   std::vector<Item> items;
   items.reserve(num_seqs * num_kv_heads);
-#if defined(__AVX512F__)
+#if defined(BATCHGEN_TILE16)
   const int64_t tile_q = block_size == 16 && head_dim % 16 == 0 ? kTileQWide : kTileQ;
 #else
   const int64_t tile_q = kTileQ;
@@ -537,9 +632,8 @@ torch::Tensor paged_attention(torch::Tensor query, torch::Tensor k_cache, torch:
     }
     for (int64_t t0 = 0; t0 < q_len; t0 += tile_q) {
       const int64_t t1 = std::min(q_len, t0 + tile_q);
-      for (int64_t h = 0; h < num_kv_heads; ++h) {
-        items.push_back({s, h, t0, t1, (t1 - t0) * (context + t1)});
-      }
+      const int64_t keys = context + t1 - rule.lo(context + t0);  // the tile's key range
+      for (int64_t h = 0; h < num_kv_heads; ++h) items.push_back({s, h, t0, t1, (t1 - t0) * keys});
     }
   }
   const int64_t num_threads = std::max<int64_t>(1, at::get_num_threads());
@@ -549,17 +643,23 @@ torch::Tensor paged_attention(torch::Tensor query, torch::Tensor k_cache, torch:
     std::stable_sort(decode.begin(), decode.end(), [&](int64_t a, int64_t b) {
       return std::lexicographical_compare(row(a), row(a) + blocks_of(a), row(b), row(b) + blocks_of(b));
     });
+    // With a sliding window a sequence visits blocks skipped_of(s) .. blocks_of(s) - 1 only:
+    // blocks[u] counts those, shared[u] those it shares with its neighbour u - 1 (leading ids
+    // equal, and visited by both).
+    auto skipped_of = [&](int64_t s) { return rule.lo(lens[s] - 1) / block_size; };
     const int64_t n = static_cast<int64_t>(decode.size());
     std::vector<int64_t> shared(n, 0), blocks(n);
     int64_t keys = 0;
     for (int64_t u = 0; u < n; ++u) {
-      blocks[u] = blocks_of(decode[u]);
-      keys += lens[decode[u]];
+      blocks[u] = blocks_of(decode[u]) - skipped_of(decode[u]);
+      keys += lens[decode[u]] - rule.lo(lens[decode[u]] - 1);
       if (u > 0) {
-        const int64_t limit = std::min(blocks[u], blocks[u - 1]);
+        const int64_t limit = std::min(blocks_of(decode[u]), blocks_of(decode[u - 1]));
         const int32_t* a = row(decode[u - 1]);
         const int32_t* b = row(decode[u]);
-        while (shared[u] < limit && a[shared[u]] == b[shared[u]]) ++shared[u];
+        int64_t prefix = 0;
+        while (prefix < limit && a[prefix] == b[prefix]) ++prefix;
+        shared[u] = std::max<int64_t>(0, prefix - std::max(skipped_of(decode[u]), skipped_of(decode[u - 1])));
       }
     }
     const int64_t target = std::max<int64_t>(1, keys / (4 * num_threads));
@@ -584,13 +684,13 @@ torch::Tensor paged_attention(torch::Tensor query, torch::Tensor k_cache, torch:
         const Item& it = items[i];
         if (it.seq < 0) {
           run_decode_slice(decode.data() + it.q_begin, it.q_end - it.q_begin, it.kv_head, q, o, kc, vc, tables,
-                           max_blocks, lens, starts, num_heads, num_kv_heads, head_dim, block_size,
-                           static_cast<float>(scale), scratch);
+                           max_blocks, lens, starts, num_heads, num_kv_heads, head_dim, block_size, rule,
+                           scratch);
           continue;
         }
         const int64_t s = it.seq;
         run_item(it, q, o, kc, vc, tables + s * max_blocks, lens[s], starts[s + 1] - starts[s], starts[s],
-                 num_heads, num_kv_heads, head_dim, block_size, static_cast<float>(scale), scratch);
+                 num_heads, num_kv_heads, head_dim, block_size, rule, scratch);
       }
     }
   });
@@ -602,7 +702,10 @@ torch::Tensor paged_attention(torch::Tensor query, torch::Tensor k_cache, torch:
 #include "cpu_small_ops.h"
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("paged_attention", &paged_attention, "paged attention over the KV block pool (float32, CPU)");
+  m.def("paged_attention", &paged_attention, "paged attention over the KV block pool (float32, CPU)",
+        py::arg("query"), py::arg("k_cache"), py::arg("v_cache"), py::arg("block_tables"), py::arg("seq_lens"),
+        py::arg("query_start_loc"), py::arg("scale"), py::arg("sliding_window") = py::none(),
+        py::arg("logits_soft_cap") = py::none());
   m.def("rms_norm", &rms_norm, "RMSNorm with the residual add (float32, CPU)");
   m.def("rotary_embedding", &rotary_embedding, "rotary embedding in place (float32, CPU)");
   m.def("silu_and_mul", &silu_and_mul, "silu(gate) * up of a fused [gate | up] (float32, CPU)");

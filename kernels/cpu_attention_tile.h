@@ -8,10 +8,15 @@
 //
 //   kt = K_block^T               [D, 16]   as stored in the pool
 //   s_r = q_r . kt               [16]      12 rows at a time: one kt load feeds 12 FMAs
-//   online softmax per row       (mask past the row's causal limit, running max m, sum l)
+//   soft cap (when asked)        s = cap * tanh(s / cap)
+//   online softmax per row       (mask keys outside the row's lo .. pos, running max m, sum l)
 //   acc_r = acc_r * alpha_r + p_r . V_block   4 rows at a time: one V load feeds 4 FMAs
 //
 // Requires block_size == 16 and head_dim % 16 == 0 (the dispatcher falls back otherwise).
+// Uses AVX-512F only (no DQ: masks and integer ops where DQ's float logic would be shorter).
+// cpu_attention.cpp includes it after defining ScoreRule (the scale, soft cap and window).
+// Test builds on CPUs without AVX-512 include an emulation of the intrinsics used here first
+// (tests/kernels/avx512_emulation.h declares them in namespace tile16, hiding the real ones).
 #pragma once
 
 #include <immintrin.h>
@@ -44,6 +49,45 @@ inline __m512 exp_neg(__m512 x) {
   p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
   const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
   return _mm512_maskz_mul_ps(static_cast<__mmask16>(~is_tiny), p, _mm512_castsi512_ps(e));
+}
+
+// expm1(x) for x <= 0, 16 lanes: exp_neg's reduction x = n ln2 + r and polynomial, but
+// 2^n (e^r - 1) + (2^n - 1) with e^r - 1 = r + r^2 P(r) formed directly, so that a small |x|
+// (n = 0) keeps its relative precision where exp(x) - 1 would lose it to cancellation.
+inline __m512 expm1_neg(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));  // 2^n stays a normal float
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  const __m512 em1 = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r);  // e^r - 1
+  const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+  const __m512 two_n = _mm512_castsi512_ps(e);
+  return _mm512_fmadd_ps(two_n, em1, _mm512_sub_ps(two_n, _mm512_set1_ps(1.0f)));
+}
+
+// cap * tanh(s / cap), 16 lanes: tanh|u| = -e / (2 + e) with e = expm1(-2|u|), the sign put
+// back; a few ulp of relative error, also for small |u|. The same arithmetic as soft_cap8 in
+// cpu_attention.cpp, lane for lane.
+inline __m512 soft_cap(__m512 s, float cap, float inv_cap) {
+  const __m512 u = _mm512_mul_ps(s, _mm512_set1_ps(inv_cap));
+  const __m512 e = expm1_neg(_mm512_mul_ps(_mm512_abs_ps(u), _mm512_set1_ps(-2.0f)));
+  const __m512 t = _mm512_div_ps(_mm512_sub_ps(_mm512_setzero_ps(), e), _mm512_add_ps(e, _mm512_set1_ps(2.0f)));
+  const __m512 capped = _mm512_mul_ps(t, _mm512_set1_ps(cap));
+  const __mmask16 negative = _mm512_cmp_ps_mask(u, _mm512_setzero_ps(), _CMP_LT_OQ);
+  return _mm512_mask_sub_ps(capped, negative, _mm512_setzero_ps(), capped);
+}
+
+// scale * s, soft-capped when the rule asks.
+inline __m512 shape_scores(__m512 s, const ScoreRule& rule) {
+  s = _mm512_mul_ps(s, _mm512_set1_ps(rule.scale));
+  return rule.has_cap ? soft_cap(s, rule.cap, rule.inv_cap) : s;
 }
 
 // Scores of R rows (R <= 12) against the span's 32 keys: s[2r], s[2r + 1] = kt^T q_r, kt = the
@@ -138,18 +182,20 @@ inline void block_scores(const float* const* q, const float* kt, int64_t head_di
   for (int r = 0; r < R; ++r) s[r] = _mm512_add_ps(_mm512_add_ps(a[r][0], a[r][1]), _mm512_add_ps(a[r][2], a[r][3]));
 }
 
-// One block of n <= 16 keys for R <= 6 decode rows that all see those n keys (one or more
-// sequences' q heads of a KV head): kt = the block's K transposed ([D, 16]), vb = its V rows
-// ([16, D]). Per row r: query q[r], running max m[r], running sum l[r], unnormalized output
+// One block's keys first .. n - 1 (0 <= first < n <= 16) for R <= 6 decode rows that all see
+// those keys (one or more sequences' q heads of a KV head; first > 0 where a sliding window
+// starts inside the block): kt = the block's K transposed ([D, 16]), vb = its V rows ([16, D]).
+// Per row r: query q[r], running max m[r], running sum l[r], unnormalized output
 // acc[r][head_dim]. Each kt and V load feeds R FMAs. A row's arithmetic is the same whatever
 // rows run beside it, so its output does not depend on the batch or on which sequences share
 // its blocks.
 template <int R>
-inline void decode_rows(const float* const* q, const float* kt, const float* vb, int64_t n, int64_t head_dim,
-                        float scale, float* m, float* l, float* const* acc) {
+inline void decode_rows(const float* const* q, const float* kt, const float* vb, int64_t first, int64_t n,
+                        int64_t head_dim, const ScoreRule& rule, float* m, float* l, float* const* acc) {
   __m512 sc[R];
   block_scores<R>(q, kt, head_dim, sc);
-  const __mmask16 valid = n >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << n) - 1);
+  const uint32_t below_n = n >= 16 ? 0xFFFFu : (1u << n) - 1u;
+  const __mmask16 valid = static_cast<__mmask16>(below_n & ~((1u << first) - 1u));
   const __m512 minus_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
   alignas(64) float p[R][16];
   float alpha[R];
@@ -158,7 +204,7 @@ inline void decode_rows(const float* const* q, const float* kt, const float* vb,
   // scalar std::exp per row is a libm call with the live vectors spilled around it.
   alignas(64) float m_new[R], dm[16] = {};  // dm padded to one vector
   for (int r = 0; r < R; ++r) {
-    sc[r] = _mm512_mask_blend_ps(valid, minus_inf, _mm512_mul_ps(sc[r], _mm512_set1_ps(scale)));
+    sc[r] = _mm512_mask_blend_ps(valid, minus_inf, shape_scores(sc[r], rule));
     m_new[r] = std::max(m[r], _mm512_reduce_max_ps(sc[r]));
     dm[r] = m[r] - m_new[r];  // -inf on a row's first block: exp_neg gives 0, as exp does
   }
@@ -169,32 +215,35 @@ inline void decode_rows(const float* const* q, const float* kt, const float* vb,
     _mm512_store_ps(p[r], e);
     l[r] = l[r] * alpha[r] + _mm512_reduce_add_ps(e);
     m[r] = m_new[r];
-    p_rows[r] = p[r];
+    p_rows[r] = p[r] + first;  // lanes below first hold 0: P V starts at key first
   }
-  const float* v_halves[2] = {vb, vb};
-  const int64_t counts[2] = {n, 0};
+  const float* v_halves[2] = {vb + first * head_dim, vb};
+  const int64_t counts[2] = {n - first, 0};
   pv_rows<R>(acc, alpha, p_rows, v_halves, counts, head_dim, head_dim);
 }
 
 // decode_rows for a runtime row count 1 <= rows <= 6.
-inline void decode_rows_n(int64_t rows, const float* const* q, const float* kt, const float* vb, int64_t n,
-                          int64_t head_dim, float scale, float* m, float* l, float* const* acc) {
+inline void decode_rows_n(int64_t rows, const float* const* q, const float* kt, const float* vb, int64_t first,
+                          int64_t n, int64_t head_dim, const ScoreRule& rule, float* m, float* l,
+                          float* const* acc) {
   switch (rows) {
-    case 6: decode_rows<6>(q, kt, vb, n, head_dim, scale, m, l, acc); break;
-    case 5: decode_rows<5>(q, kt, vb, n, head_dim, scale, m, l, acc); break;
-    case 4: decode_rows<4>(q, kt, vb, n, head_dim, scale, m, l, acc); break;
-    case 3: decode_rows<3>(q, kt, vb, n, head_dim, scale, m, l, acc); break;
-    case 2: decode_rows<2>(q, kt, vb, n, head_dim, scale, m, l, acc); break;
-    default: decode_rows<1>(q, kt, vb, n, head_dim, scale, m, l, acc); break;
+    case 6: decode_rows<6>(q, kt, vb, first, n, head_dim, rule, m, l, acc); break;
+    case 5: decode_rows<5>(q, kt, vb, first, n, head_dim, rule, m, l, acc); break;
+    case 4: decode_rows<4>(q, kt, vb, first, n, head_dim, rule, m, l, acc); break;
+    case 3: decode_rows<3>(q, kt, vb, first, n, head_dim, rule, m, l, acc); break;
+    case 2: decode_rows<2>(q, kt, vb, first, n, head_dim, rule, m, l, acc); break;
+    default: decode_rows<1>(q, kt, vb, first, n, head_dim, rule, m, l, acc); break;
   }
 }
 
-// One item: `rows` query rows (row r -> query pointer q_rows[r], causal limit pos[r], output
-// out_rows[r]) over the blocks of one KV head, two blocks (a span of 32 keys) at a time.
+// One item: `rows` query rows (row r -> query pointer q_rows[r], keys lo[r] .. pos[r], output
+// out_rows[r]) over the blocks of one KV head, two blocks (a span of 32 keys) at a time, from
+// the block of the lowest lo (blocks below every row's window are never read).
 // kb(b) gives block b's K of the head transposed ([D, 16]), vb(b) its V rows ([16, D]).
 template <class BlockK, class BlockV>
-void run(int64_t rows, const float* const* q_rows, const int64_t* pos, float* const* out_rows,
-         int64_t num_blocks, BlockK kb, BlockV vb, int64_t head_dim, float scale, std::vector<float>& scratch) {
+void run(int64_t rows, const float* const* q_rows, const int64_t* pos, const int64_t* lo, float* const* out_rows,
+         int64_t num_blocks, BlockK kb, BlockV vb, int64_t head_dim, const ScoreRule& rule,
+         std::vector<float>& scratch) {
   constexpr int64_t B = 16, S = 32;  // keys per block, per span
   const int64_t padded = (rows + kRows - 1) / kRows * kRows;
   scratch.assign(16 + head_dim * S + padded * head_dim + padded * S + padded * 3, 0.f);
@@ -207,10 +256,10 @@ void run(int64_t rows, const float* const* q_rows, const int64_t* pos, float* co
   float* l = m + padded;
   float* alpha = l + padded;
   for (int64_t r = 0; r < padded; ++r) m[r] = -std::numeric_limits<float>::infinity();
-  const __m512 vscale = _mm512_set1_ps(scale);
   const __m512 neg_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
   const int64_t max_pos = *std::max_element(pos, pos + rows);
-  for (int64_t b = 0; b < num_blocks; b += 2) {
+  const int64_t min_lo = *std::min_element(lo, lo + rows);
+  for (int64_t b = min_lo / B; b < num_blocks; b += 2) {
     const int64_t first = b * B;
     const int64_t n = std::min<int64_t>(S, max_pos + 1 - first);  // keys in this span
     const int64_t counts[2] = {std::min<int64_t>(B, n), std::max<int64_t>(0, n - B)};
@@ -231,6 +280,7 @@ void run(int64_t rows, const float* const* q_rows, const int64_t* pos, float* co
     int64_t active = 0;  // rows with at least one visible key, gathered for the micro-tile
     const float* q_act[kRows];
     int64_t r_act[kRows];
+    uint32_t bits_act[kRows];  // the row's visible keys of the span, one bit each
     auto flush = [&](int64_t count) {
       __m512 s[24];
       switch (count) {
@@ -252,10 +302,9 @@ void run(int64_t rows, const float* const* q_rows, const int64_t* pos, float* co
       alignas(64) float m_new[16], dm[16] = {};
       for (int64_t i = 0; i < count; ++i) {
         const int64_t r = r_act[i];
-        const int64_t visible = std::min<int64_t>(n, pos[r] + 1 - first);  // 1 .. 32
-        const uint32_t bits = visible >= 32 ? 0xffffffffu : (1u << visible) - 1u;
-        s[2 * i] = _mm512_mask_mov_ps(neg_inf, static_cast<__mmask16>(bits), _mm512_mul_ps(s[2 * i], vscale));
-        s[2 * i + 1] = _mm512_mask_mov_ps(neg_inf, static_cast<__mmask16>(bits >> 16), _mm512_mul_ps(s[2 * i + 1], vscale));
+        const uint32_t bits = bits_act[i];
+        s[2 * i] = _mm512_mask_mov_ps(neg_inf, static_cast<__mmask16>(bits), shape_scores(s[2 * i], rule));
+        s[2 * i + 1] = _mm512_mask_mov_ps(neg_inf, static_cast<__mmask16>(bits >> 16), shape_scores(s[2 * i + 1], rule));
         m_new[i] = std::max(m[r], _mm512_reduce_max_ps(_mm512_max_ps(s[2 * i], s[2 * i + 1])));
         dm[i] = m[r] - m_new[i];
       }
@@ -273,13 +322,18 @@ void run(int64_t rows, const float* const* q_rows, const int64_t* pos, float* co
       }
     };
     for (int64_t r = 0; r < rows; ++r) {
-      if (pos[r] < first) {  // nothing visible: P V below leaves the row as it is
+      // The row's keys in the span: from its window's start to its causal limit.
+      const int64_t start = std::max<int64_t>(0, lo[r] - first);
+      const int64_t visible = std::min<int64_t>(n, pos[r] + 1 - first);
+      if (visible <= start) {  // nothing visible: P V below leaves the row as it is
         alpha[r] = 1.f;
         for (int64_t j = 0; j < S; ++j) pbuf[r * S + j] = 0.f;
         continue;
       }
+      const uint32_t below = visible >= 32 ? 0xffffffffu : (1u << visible) - 1u;  // 0 <= start < visible <= 32
       q_act[active] = q_rows[r];
       r_act[active] = r;
+      bits_act[active] = below & ~((1u << start) - 1u);
       if (++active == kRows) {
         flush(kRows);
         active = 0;

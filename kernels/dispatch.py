@@ -153,11 +153,13 @@ def paged_attention(
     # falls back to PyTorch for anything else, an explicit "cpu" raises (RuntimeError from the
     # kernel).
     fits_kernel = query.dtype == torch.float32 == k_cache.dtype and is_cpu_kv_layout(k_cache, v_cache)
-    # TODO(#23): the CPU kernel's window and soft cap (part B) land next.
-    has_options = sliding_window is not None or logits_soft_cap is not None
-    if resolved == "cpu" and (backend == "cpu" or fits_kernel) and not has_options:
-        return paged_attention_cpu(query, k_cache, v_cache, meta, scale)
-    return paged_attention_torch(query, k_cache, v_cache, meta, scale, sliding_window=sliding_window, logits_soft_cap=logits_soft_cap)
+    if resolved == "cpu" and (backend == "cpu" or fits_kernel):
+        return paged_attention_cpu(
+            query, k_cache, v_cache, meta, scale, sliding_window=sliding_window, logits_soft_cap=logits_soft_cap
+        )
+    return paged_attention_torch(
+        query, k_cache, v_cache, meta, scale, sliding_window=sliding_window, logits_soft_cap=logits_soft_cap
+    )
 
 
 def _check_options(sliding_window: int | None, logits_soft_cap: float | None) -> None:

@@ -180,3 +180,34 @@ QUERY_GAIN = 8.0
 def with_query_gain(batch: Batch, gain: float = QUERY_GAIN) -> Batch:
     """The batch with its query multiplied by `gain` (larger scores)."""
     return replace(batch, query=batch.query * gain)
+
+
+def poison_unseen_blocks(batch: Batch, sliding_window: int | None) -> Batch:
+    """The batch with NaN in every pool block that no query can see: the spare blocks, and each
+    sequence's blocks that lie wholly before its first query's window. A kernel that reads such
+    a block, even to mask it, returns NaN (a masked NaN score or a 0 * NaN value)."""
+    meta = batch.meta
+    block_size = batch.k_cache.shape[1]
+    seen: set[int] = set()
+    tables = meta.block_tables.cpu()
+    for s, (q_len, seq_len) in enumerate(zip(meta.query_lens_host, meta.seq_lens_host, strict=True)):
+        first_pos = seq_len - q_len
+        lo = 0 if sliding_window is None else max(0, first_pos - sliding_window + 1)
+        seen.update(int(b) for b in tables[s, lo // block_size : -(-seq_len // block_size)])
+    unseen = torch.tensor(sorted(set(range(batch.k_cache.shape[0])) - seen), dtype=torch.long)
+    k_cache, v_cache = batch.k_cache.clone(), batch.v_cache.clone()
+    k_cache[unseen.to(k_cache.device)] = float("nan")
+    v_cache[unseen.to(v_cache.device)] = float("nan")
+    return replace(batch, k_cache=k_cache, v_cache=v_cache)
+
+
+def run_cpu_module(
+    module: object, batch: Batch, *, sliding_window: int | None = None, logits_soft_cap: float | None = None
+) -> torch.Tensor:
+    """`paged_attention` of a compiled CPU kernel module (the production build or a test variant)."""
+    meta = batch.meta
+    out: torch.Tensor = module.paged_attention(  # type: ignore[attr-defined]
+        batch.query.contiguous(), batch.k_cache, batch.v_cache, meta.block_tables, meta.seq_lens,
+        meta.query_start_loc, batch.scale, sliding_window, logits_soft_cap,
+    )  # fmt: skip
+    return out

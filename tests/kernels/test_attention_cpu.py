@@ -9,11 +9,23 @@ import dataclasses
 
 import pytest
 import torch
+from hypothesis import event, given, settings
+from hypothesis import strategies as st
 
 from batchgen.kernels import paged_attention
 from batchgen.kernels.attention_cpu import is_cpu_kernel_available
 
-from .attention_cases import Batch, in_cpu_layout, make_batch, max_error, naive_attention
+from .attention_cases import (
+    OPTION_CASE,
+    WINDOWS,
+    Batch,
+    in_cpu_layout,
+    make_batch,
+    max_error,
+    naive_attention,
+    poison_unseen_blocks,
+    with_query_gain,
+)
 
 pytestmark = pytest.mark.skipif(not is_cpu_kernel_available(), reason="no C++ compiler for the CPU kernel")
 
@@ -28,12 +40,16 @@ CASES = {
     "long_chunk_over_prefix": ((40, 1), (57, 90)),
     "chunk_over_two_wide_tiles": ((70, 3, 1), (21, 40, 47)),
 }
-HEADS = [(4, 4), (8, 2), (9, 3)]
+# GQA groups 1, 4, 3 (SmolLM2) and 8 (Gemma 2 9B, Qwen3's 32/4 heads).
+HEADS = [(4, 4), (8, 2), (9, 3), (16, 2)]
+# head_dim 128 (7B-class Llama, Mistral, Qwen) and 256 (Gemma) run the P.V loops' second and
+# later 64-float passes; 80 is no multiple of 16 (the generic loops everywhere).
+HEAD_DIMS = [(32, 16), (64, 16), (64, 8), (128, 16), (256, 16), (80, 16)]
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
 @pytest.mark.parametrize(("num_heads", "num_kv_heads"), HEADS)
-@pytest.mark.parametrize(("head_dim", "block_size"), [(32, 16), (64, 16), (64, 8)])
+@pytest.mark.parametrize(("head_dim", "block_size"), HEAD_DIMS)
 def test_cpu_kernel_matches_reference(
     case: str, num_heads: int, num_kv_heads: int, head_dim: int, block_size: int
 ) -> None:
@@ -148,3 +164,120 @@ def test_decode_row_is_bit_identical_with_or_without_sharing(threads: int) -> No
             assert torch.equal(row[0], together[s]), f"row {s}"
     finally:
         torch.set_num_threads(before)
+
+
+# (window, soft cap): each option alone, and both together.
+OPTIONS = [(None, 2.0), (None, 30.0), *((w, None) for w in WINDOWS), (5, 30.0), (21, 2.0)]
+
+
+def _options_batch(head_dim: int, num_heads: int, num_kv_heads: int, cap: float | None, block_size: int = 16) -> Batch:
+    batch = make_batch(*OPTION_CASE, num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
+                       block_size=block_size, device=torch.device("cpu"))  # fmt: skip
+    return batch if cap is None else with_query_gain(batch)
+
+
+@pytest.mark.parametrize(("window", "cap"), OPTIONS)
+@pytest.mark.parametrize(("num_heads", "num_kv_heads"), [(4, 4), (8, 2), (16, 2)])
+@pytest.mark.parametrize(("head_dim", "block_size"), [(32, 16), (64, 16), (128, 16), (256, 16), (64, 8)])
+def test_cpu_kernel_window_and_soft_cap(
+    window: int | None, cap: float | None, num_heads: int, num_kv_heads: int, head_dim: int, block_size: int
+) -> None:
+    """Sliding windows shorter and longer than the contexts, starting inside blocks and on their
+    boundaries, and logit soft caps, for decode rows and prefill chunks over cached prefixes,
+    against the fp64 reference; the blocks no query's window reaches hold NaN, so a kernel that
+    read them (rather than skipping them) would fail."""
+    batch = _options_batch(head_dim, num_heads, num_kv_heads, cap, block_size)
+    expected = naive_attention(batch, sliding_window=window, logits_soft_cap=cap)
+    poisoned = in_cpu_layout(poison_unseen_blocks(batch, window))
+    out = paged_attention(poisoned.query, poisoned.k_cache, poisoned.v_cache, poisoned.meta, poisoned.scale,
+                          backend="cpu", sliding_window=window, logits_soft_cap=cap)  # fmt: skip
+    # float32 rounding of the scores grows with their size (the query gain in the cap cases).
+    assert max_error(out, expected) < (6e-5 if cap is not None else 2e-5)
+
+
+def test_cpu_kernel_options_need_a_valid_value() -> None:
+    batch = in_cpu_layout(make_batch((1,), (5,), num_heads=4, num_kv_heads=2, head_dim=32, device=torch.device("cpu")))
+    from batchgen.kernels.attention_cpu import load_cpu_kernel
+
+    from .attention_cases import run_cpu_module
+
+    with pytest.raises(RuntimeError, match="sliding_window"):
+        run_cpu_module(load_cpu_kernel(), batch, sliding_window=0)
+    with pytest.raises(RuntimeError, match="logits_soft_cap"):
+        run_cpu_module(load_cpu_kernel(), batch, logits_soft_cap=float("inf"))
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize(("window", "cap"), [(None, None), (40, None), (17, 30.0)])
+def test_decode_row_is_bit_identical_with_or_without_sharing_under_options(
+    threads: int, window: int | None, cap: float | None
+) -> None:
+    """The invariance of the test above holds with a sliding window and a soft cap, at GQA 8
+    and head_dim 128: each row's arithmetic depends on its own window only."""
+    batch = _shared_prefix_decode_batch(16, 2, 128, 16)
+    meta = batch.meta
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads)
+        together = paged_attention(batch.query, batch.k_cache, batch.v_cache, meta, batch.scale, backend="cpu",
+                                   sliding_window=window, logits_soft_cap=cap)  # fmt: skip
+        assert max_error(together, naive_attention(batch, sliding_window=window, logits_soft_cap=cap)) < 2e-5
+        for s, seq_len in enumerate(meta.seq_lens_host):
+            alone = dataclasses.replace(
+                meta,
+                query_start_loc=torch.tensor([0, 1], dtype=torch.int32),
+                seq_lens=meta.seq_lens[s : s + 1],
+                block_tables=meta.block_tables[s : s + 1].contiguous(),
+                slot_mapping=meta.slot_mapping[s : s + 1],
+                query_lens_host=(1,),
+                seq_lens_host=(seq_len,),
+                max_query_len=1,
+                max_seq_len=seq_len,
+            )
+            row = paged_attention(batch.query[s : s + 1], batch.k_cache, batch.v_cache, alone, batch.scale,
+                                  backend="cpu", sliding_window=window, logits_soft_cap=cap)  # fmt: skip
+            assert torch.equal(row[0], together[s]), f"row {s}"
+    finally:
+        torch.set_num_threads(before)
+
+
+@settings(max_examples=40)
+@given(
+    seqs=st.lists(st.tuples(st.integers(1, 40), st.integers(0, 120)), min_size=1, max_size=5),
+    heads=st.sampled_from([(4, 4), (8, 2), (9, 3), (16, 2)]),
+    head_dim=st.sampled_from([32, 64, 128, 256]),
+    block_size=st.sampled_from([8, 16]),
+    window=st.one_of(st.none(), st.integers(1, 150)),
+    cap=st.one_of(st.none(), st.floats(1.0, 60.0)),
+    threads=st.sampled_from([1, 2]),
+    seed=st.integers(0, 2**16),
+)
+def test_random_batches_with_options(
+    seqs: list[tuple[int, int]],
+    heads: tuple[int, int],
+    head_dim: int,
+    block_size: int,
+    window: int | None,
+    cap: float | None,
+    threads: int,
+    seed: int,
+) -> None:
+    """Any mix of decode rows and chunks over any prefixes, any window and cap, on one or two
+    threads, against the fp64 reference (unseen blocks poisoned)."""
+    event(f"head_dim {head_dim}")
+    event("window" if window is not None else "no window")
+    batch = make_batch(tuple(q for q, _ in seqs), tuple(c for _, c in seqs), num_heads=heads[0],
+                       num_kv_heads=heads[1], head_dim=head_dim, block_size=block_size, seed=seed,
+                       device=torch.device("cpu"))  # fmt: skip
+    if cap is not None:
+        batch = with_query_gain(batch)
+    expected = naive_attention(batch, sliding_window=window, logits_soft_cap=cap)
+    poisoned = in_cpu_layout(poison_unseen_blocks(batch, window))
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads)
+        out = paged_attention(poisoned.query, poisoned.k_cache, poisoned.v_cache, poisoned.meta, poisoned.scale,
+                              backend="cpu", sliding_window=window, logits_soft_cap=cap)  # fmt: skip
+    finally:
+        torch.set_num_threads(before)
+    assert max_error(out, expected) < (6e-5 if cap is not None else 2e-5)
