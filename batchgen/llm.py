@@ -12,6 +12,7 @@ from batchgen.engine.config import engine_configs
 from batchgen.engine.llm_engine import EngineStats, LLMEngine
 from batchgen.engine.outputs import RequestOutput
 from batchgen.engine.sampling_params import SamplingParams
+from batchgen.engine.scoring import ScoreOutput, score_output
 from batchgen.models.checkpoint import load_checkpoint
 
 __all__ = ["LLM"]
@@ -82,6 +83,59 @@ class LLM:
             text = tok.apply_chat_template(conv, add_generation_prompt=True)
             token_lists.append((text, tok.encode(text, add_special_tokens=False)))
         return self._run(token_lists, sampling_params, use_tqdm)
+
+    def score(
+        self,
+        prompts: PromptType | Sequence[PromptType],
+        completions: PromptType | Sequence[PromptType],
+        use_tqdm: bool = True,
+    ) -> list[ScoreOutput]:
+        """The log-likelihood of each completion given its prompt: one ScoreOutput per pair, in
+        input order (a single prompt pairs with every completion). Strings are tokenized apart:
+        the prompt as `generate` does (with the model's special tokens), the completion without
+        special tokens, so that pairs sharing a prompt share its tokens, and its KV through the
+        prefix cache. One prefill per pair, no decode.
+
+        Not vLLM's `LLM.score` (a cross-encoder's similarity): this is a causal LM's
+        log-probability of given text. Raises ValueError for an empty completion, a bad prompt
+        or a pair too long for max_model_len."""
+        prompt_list = _as_prompt_list(prompts)
+        completion_list = _as_prompt_list(completions)
+        if len(prompt_list) == 1 and len(completion_list) > 1:
+            prompt_list = prompt_list * len(completion_list)
+        if len(prompt_list) != len(completion_list):
+            raise ValueError(
+                f"got {len(prompt_list)} prompts for {len(completion_list)} completions; pass one prompt or one per completion"
+            )
+        prompt_ids = self._encode(prompt_list, add_special_tokens=True)
+        completion_ids = self._encode(completion_list, add_special_tokens=False)
+        for i, ids in enumerate(completion_ids):
+            if not ids:
+                raise ValueError(f"completion {i} is empty (no tokens)")
+        engine = self.engine
+        pairs = [p + c for p, c in zip(prompt_ids, completion_ids, strict=True)]
+        for ids in pairs:  # all or nothing, as in generate
+            engine.check_prompt(ids)
+        params = SamplingParams(max_tokens=1, temperature=0)
+        order: dict[int, int] = {}
+        for i, (ids, prompt) in enumerate(zip(pairs, prompt_ids, strict=True)):
+            order[engine.add_request(ids, params, score_from=len(prompt))] = i
+        results: list[ScoreOutput | None] = [None] * len(pairs)
+        bar = tqdm(total=len(pairs), desc="score", unit="pair", disable=not use_tqdm, dynamic_ncols=True)
+        try:
+            while engine.has_unfinished():
+                for out in engine.step():
+                    i = order[out.request_id]
+                    results[i] = score_output(out, len(prompt_ids[i]))
+                    bar.update(1)
+        finally:
+            bar.close()
+        return [r for r in results if r is not None]
+
+    def _encode(self, items: list[PromptType], *, add_special_tokens: bool) -> list[list[int]]:
+        texts = [p for p in items if isinstance(p, str)]
+        encoded = iter(self.engine.tokenizer.encode_batch(texts, add_special_tokens=add_special_tokens) if texts else [])
+        return [list(next(encoded)) if isinstance(p, str) else [int(t) for t in p] for p in items]
 
     def _run(
         self,

@@ -22,6 +22,7 @@ __all__ = [
     "ScheduledChunk",
     "Scheduler",
     "SchedulerConfig",
+    "ScoreOutput",
     "StepPlan",
     "StepResult",
 ]
@@ -37,6 +38,7 @@ __getattr__ = lazy_getattr(
         "EngineStats": "llm_engine",
         "LLMEngine": "llm_engine",
         "SamplingParams": "sampling_params",
+        "ScoreOutput": "scoring",
         "Scheduler": "scheduler",
         "ScheduledChunk": "step_plan",
         "StepPlan": "step_plan",

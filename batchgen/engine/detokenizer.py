@@ -29,25 +29,41 @@ class IncrementalDetokenizer:
     token ids:  | done | prefix window | unread (held) |
                 0   prefix_offset  read_offset       len
 
-    After a stop string matched (`stop_string`), the text ends just before it and further
-    updates are ignored.
+    After a stop string matched (`stop_string`), the text ends just before it (just after it
+    with `include_stop_str`) and further updates are ignored. Stop strings are searched only
+    once more than `min_tokens` tokens came (vLLM's rule: a string completed by the first
+    `min_tokens` tokens never stops). `skip_special_tokens` is passed to every decode.
     """
 
     __slots__ = (
         "_decoder",
+        "_include_stop_str",
         "_max_stop_len",
+        "_min_tokens",
         "_num_chars",
         "_pieces",
         "_prefix_offset",
         "_read_offset",
+        "_skip_special_tokens",
         "_stop",
         "_tail",
         "_token_ids",
         "stop_string",
     )
 
-    def __init__(self, decoder: Decoder, stop: tuple[str, ...]) -> None:
+    def __init__(
+        self,
+        decoder: Decoder,
+        stop: tuple[str, ...],
+        *,
+        skip_special_tokens: bool = True,
+        min_tokens: int = 0,
+        include_stop_str: bool = False,
+    ) -> None:
         self._decoder = decoder
+        self._skip_special_tokens = skip_special_tokens
+        self._min_tokens = min_tokens
+        self._include_stop_str = include_stop_str
         self._stop = stop
         self._max_stop_len = max((len(s) for s in stop), default=0)
         self._token_ids: list[int] = []
@@ -83,8 +99,9 @@ class IncrementalDetokenizer:
     def _emit(self, *, final: bool) -> str | None:
         window = self._token_ids[self._prefix_offset :]
         num_prefix = self._read_offset - self._prefix_offset
-        prefix_text = self._decoder.decode(window[:num_prefix])
-        new_text = self._decoder.decode(window)
+        skip = self._skip_special_tokens
+        prefix_text = self._decoder.decode(window[:num_prefix], skip_special_tokens=skip)
+        new_text = self._decoder.decode(window, skip_special_tokens=skip)
         num_held = len(self._token_ids) - self._read_offset
         if not final and new_text.endswith("\ufffd") and num_held < _MAX_HELD_TOKENS:
             return None  # an incomplete UTF-8 sequence: wait for its other bytes
@@ -106,6 +123,8 @@ class IncrementalDetokenizer:
         self._num_chars += len(delta)
         if self._max_stop_len > 1:
             self._tail = window[-(self._max_stop_len - 1) :]
+        if len(self._token_ids) <= self._min_tokens:
+            return None
         best: tuple[int, str] | None = None
         for stop in self._stop:
             idx = window.find(stop)
@@ -113,7 +132,7 @@ class IncrementalDetokenizer:
                 best = (idx, stop)
         if best is None:
             return None
-        cut = window_start + best[0]
+        cut = window_start + best[0] + (len(best[1]) if self._include_stop_str else 0)
         self._pieces = [self.text[:cut]]
         self._num_chars = cut
         self.stop_string = best[1]

@@ -24,8 +24,10 @@ from batchgen.engine.config import CacheConfig, EngineConfigs, RunnerConfig, Sch
 from batchgen.engine.detokenizer import IncrementalDetokenizer
 from batchgen.engine.kv_sizing import profile_cuda_kv_blocks
 from batchgen.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
-from batchgen.engine.runner import ModelRunner, StepRunner
-from batchgen.engine.sampler import SampleRequest, sample
+from batchgen.engine.prompt_logprobs import prompt_logprob_entries
+from batchgen.engine.request_checks import check_request
+from batchgen.engine.runner import ModelRunner, StepLogits, StepRunner
+from batchgen.engine.sampler import Sampler, SampleRequest
 from batchgen.engine.sampling_params import SamplingParams
 from batchgen.engine.scheduler import Scheduler
 from batchgen.engine.seeding import derive_seed
@@ -84,6 +86,9 @@ class _Request:
     arrival_time: float
     first_scheduled_time: float | None = None
     token_times: list[float] = field(default_factory=list)  # sample 0's, on the engine's clock
+    bad_words_token_ids: tuple[tuple[int, ...], ...] = ()
+    # One entry per prompt token when prompt logprobs are asked (filled as the prompt computes).
+    prompt_logprobs: list[dict[int, float] | None] | None = None
 
 
 def resolve_device(name: str | None) -> torch.device:
@@ -165,6 +170,7 @@ class LLMEngine:
         if self.tokenizer.eos_token_id is not None:
             eos.add(self.tokenizer.eos_token_id)
         self.eos_token_ids = frozenset(eos)
+        self.sampler = Sampler(self.eos_token_ids)
         self.scheduler = Scheduler(
             scheduler_config, self.kv, max_model_len=self.max_model_len, eos_token_ids=self.eos_token_ids
         )
@@ -180,9 +186,7 @@ class LLMEngine:
 
     def _max_model_len(self, runner_config: RunnerConfig) -> int:
         config = self.model_config
-        limit = config.max_position_embeddings
-        if config.sliding_window is not None:
-            limit = min(limit, config.sliding_window)  # no sliding-window attention: stay exact
+        limit = config.max_position_embeddings  # sliding windows are attention's (issue 23)
         if runner_config.max_model_len is None:
             return min(limit, 32768)
         if runner_config.max_model_len > limit:
@@ -234,16 +238,28 @@ class LLMEngine:
         prompt: str | None = None,
         *,
         arrival_time: float | None = None,
+        score_from: int | None = None,
     ) -> int:
         """Queue a prompt; returns its request id. `arrival_time` (engine clock seconds; default
-        now) starts its latency record. Raises ValueError if it cannot fit or asks for more
-        logprobs than the vocabulary holds."""
+        now) starts its latency record.
+
+        `score_from`: compute the log-probabilities of the prompt tokens from this index on
+        (`RequestOutput.prompt_logprobs`; at least 1: the first token has none); the tokens
+        before it may come from the prefix cache, the others are computed. Default: 1 when
+        `params.prompt_logprobs` is set (the whole prompt is computed), else none.
+
+        Raises ValueError if it cannot fit, asks for more logprobs than the vocabulary holds,
+        names token ids outside it, or bans every token it allows."""
         self.check_prompt(prompt_token_ids)
-        if params.logprobs is not None and params.logprobs > self.model_config.vocab_size:
-            raise ValueError(
-                f"SamplingParams.logprobs={params.logprobs} exceeds the vocabulary of "
-                f"{self.model_config.vocab_size} tokens"
-            )
+        setup = check_request(
+            params,
+            len(prompt_token_ids),
+            vocab_size=self.model_config.vocab_size,
+            eos_token_ids=self.eos_token_ids,
+            encode=lambda text: self.tokenizer.encode(text, add_special_tokens=False),
+            score_from=score_from,
+        )
+        score_from = setup.score_from
         request_id = next(self._request_ids)
         base_seed = params.seed if params.seed is not None else derive_seed(self._seed, request_id)
         seqs = [
@@ -255,6 +271,7 @@ class LLMEngine:
                 num_prompt_tokens=len(prompt_token_ids),
                 params=params,
                 seed=derive_seed(base_seed, i),
+                prompt_logprobs_start=score_from if i == 0 else None,
             )
             for i in range(params.n)
         ]
@@ -265,8 +282,10 @@ class LLMEngine:
             prompt_token_ids=tuple(prompt_token_ids),
             params=params,
             seqs=seqs,
-            detokenizers=[IncrementalDetokenizer(self.tokenizer, stop) if stop else None for _ in seqs],
+            detokenizers=[self._detokenizer(params) if stop else None for _ in seqs],
             arrival_time=self.clock() if arrival_time is None else arrival_time,
+            bad_words_token_ids=setup.bad_words_token_ids,
+            prompt_logprobs=None if score_from is None else [None] * len(prompt_token_ids),
         )
         self._requests[request_id] = request
         for seq in seqs:
@@ -274,6 +293,15 @@ class LLMEngine:
         self.scheduler.add(seqs[0], seqs[1:])
         self._prompt_tokens += len(prompt_token_ids)
         return request_id
+
+    def _detokenizer(self, params: SamplingParams) -> IncrementalDetokenizer:
+        return IncrementalDetokenizer(
+            self.tokenizer,
+            params.stop_strings,
+            skip_special_tokens=params.skip_special_tokens,
+            min_tokens=params.min_tokens,
+            include_stop_str=params.include_stop_str_in_output,
+        )
 
     def check_prompt(self, prompt_token_ids: list[int]) -> None:
         """Raises ValueError if the prompt is empty, holds unknown token ids or is too long."""
@@ -380,10 +408,16 @@ class LLMEngine:
                         params=target.params,
                         seed=target.seed,
                         token_idx=target.num_generated_tokens,
+                        seq_id=target.seq_id,
+                        token_ids=target.token_ids,
+                        num_prompt_tokens=target.num_prompt_tokens,
+                        bad_words_token_ids=request.bad_words_token_ids,
                     )
                 )
                 owners.append(seq_id)
-        result = sample(step_logits.logits, requests)
+        if step_logits.prompt_logits is not None:
+            self._collect_prompt_logprobs(step_logits)
+        result = self.sampler.sample(step_logits.logits, requests)
         sampled: dict[int, list[int]] = {}
         logprobs: dict[int, list[dict[int, float]]] = {}
         for seq_id, token, lp in zip(owners, result.token_ids, result.logprobs, strict=True):
@@ -395,11 +429,32 @@ class LLMEngine:
             logprobs={seq_id: tuple(lps) for seq_id, lps in logprobs.items()},
         )
 
+    def _collect_prompt_logprobs(self, step_logits: StepLogits) -> None:
+        """Log-probabilities of the prompt tokens whose logits this step computed (position p's
+        row gives token p + 1's), into each request's `prompt_logprobs`."""
+        assert step_logits.prompt_logits is not None
+        spans = step_logits.prompt_spans
+        targets: list[int] = []
+        requests: list[_Request] = []
+        for span in spans:
+            tokens = self.scheduler.get(span.seq_id).token_ids
+            targets.extend(tokens[span.start_pos + 1 : span.start_pos + 1 + span.num_positions])
+            requests.append(self._seq_to_request[span.seq_id])
+        found = prompt_logprob_entries(
+            step_logits.prompt_logits, spans, targets, [r.params.prompt_logprobs or 0 for r in requests]
+        )
+        for span, request, entries in zip(spans, requests, found, strict=True):
+            assert request.prompt_logprobs is not None
+            request.prompt_logprobs[span.start_pos + 1 : span.start_pos + 1 + span.num_positions] = entries
+
     def _finish(self, request: _Request) -> RequestOutput:
         outputs = []
         for seq, detok in zip(request.seqs, request.detokenizers, strict=True):
             token_ids = tuple(seq.generated_token_ids)
-            text = detok.text if detok is not None else self.tokenizer.decode(list(token_ids))
+            if detok is not None:
+                text = detok.text
+            else:
+                text = self.tokenizer.decode(list(token_ids), skip_special_tokens=request.params.skip_special_tokens)
             finish_reason, stop_reason = seq.finish_reason or "length", seq.stop_reason
             if detok is not None and detok.stop_string is not None:
                 # A stop string completed by a token that also ended the sequence (EOS, a stop
@@ -417,6 +472,7 @@ class LLMEngine:
                 )
             )
             self.scheduler.release(seq.seq_id)
+            self.sampler.release(seq.seq_id)
             del self._seq_to_request[seq.seq_id]
         del self._requests[request.request_id]
         first_scheduled = request.first_scheduled_time
@@ -431,6 +487,7 @@ class LLMEngine:
                 first_scheduled_time=request.arrival_time if first_scheduled is None else first_scheduled,
                 token_times=tuple(request.token_times),
             ),
+            prompt_logprobs=request.prompt_logprobs,
         )
 
     def stats(self) -> EngineStats:

@@ -65,7 +65,13 @@ class RequestMetrics:
 @dataclass(frozen=True, slots=True)
 class RequestOutput:
     """All samples of one prompt; num_cached_tokens is the prefix-cache hit at first admission;
-    metrics: its latency record (None only from code that builds outputs by hand)."""
+    metrics: its latency record (None only from code that builds outputs by hand).
+
+    prompt_logprobs (when asked, vLLM's shape): one entry per prompt token, None for the first
+    token (nothing predicts it) and for tokens before a score's start
+    (`LLMEngine.add_request(score_from=...)`), else {token_id: logprob} holding the prompt
+    token's own log-probability and the top `SamplingParams.prompt_logprobs` ones.
+    """
 
     request_id: int
     prompt: str | None
@@ -73,3 +79,4 @@ class RequestOutput:
     num_cached_tokens: int
     outputs: tuple[CompletionOutput, ...]
     metrics: RequestMetrics | None = None
+    prompt_logprobs: list[dict[int, float] | None] | None = None

@@ -11,11 +11,12 @@ sampled tokens itself (a `StepResult`) and runs no model.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Protocol
 
 import torch
 
-from batchgen.engine.step_arrays import build_step_arrays
+from batchgen.engine.step_arrays import PromptLogitsSpan, build_step_arrays
 from batchgen.engine.step_plan import StepPlan, StepResult
 from batchgen.kernels import AttentionMetadata, new_kv_cache
 from batchgen.models.llama import LlamaModel
@@ -24,13 +25,22 @@ __all__ = ["ModelRunner", "StepLogits", "StepRunner"]
 
 
 class StepLogits:
-    """Logits rows (float32 [num_rows, vocab]) and the seq_id each row belongs to."""
+    """Logits rows (float32 [num_rows, vocab]) and the seq_id each row belongs to; with prompt
+    logprobs asked, also `prompt_logits` (float32 [rows, vocab]) laid out by `prompt_spans`."""
 
-    __slots__ = ("logits", "seq_ids")
+    __slots__ = ("logits", "prompt_logits", "prompt_spans", "seq_ids")
 
-    def __init__(self, logits: torch.Tensor, seq_ids: list[int]) -> None:
+    def __init__(
+        self,
+        logits: torch.Tensor,
+        seq_ids: list[int],
+        prompt_logits: torch.Tensor | None = None,
+        prompt_spans: Sequence[PromptLogitsSpan] = (),
+    ) -> None:
         self.logits = logits
         self.seq_ids = seq_ids
+        self.prompt_logits = prompt_logits
+        self.prompt_spans = tuple(prompt_spans)
 
 
 class StepRunner(Protocol):
@@ -101,11 +111,16 @@ class ModelRunner:
             max_query_len=max(arrays.query_lens),
             max_seq_len=max(arrays.seq_lens),
         )
+        num_sampling = len(arrays.logits_indices)
         logits = self.model.forward(
             ints(arrays.input_ids, torch.int64),
             ints(arrays.positions, torch.int64),
             self.kv_caches,
             meta,
-            ints(arrays.logits_indices, torch.int64),
+            ints(arrays.logits_indices + arrays.prompt_logits_indices, torch.int64),
         )
-        return StepLogits(logits, arrays.sampling_seq_ids)
+        if not arrays.prompt_logits_spans:
+            return StepLogits(logits, arrays.sampling_seq_ids)
+        return StepLogits(
+            logits[:num_sampling], arrays.sampling_seq_ids, logits[num_sampling:], arrays.prompt_logits_spans
+        )

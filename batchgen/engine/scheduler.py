@@ -204,7 +204,7 @@ class Scheduler:
             seq = self._waiting[0]
             # Take at most all but the last token from cache: the last one must be computed to
             # give the logits of the next token.
-            hit = self._kv.match_prefix(seq.token_ids[: seq.num_tokens - 1])
+            hit = self._kv.match_prefix(seq.token_ids[: self._max_cached_tokens(seq)])
             num_new = self._num_new(seq.num_tokens - hit.num_tokens, remaining, planned)
             if num_new == 0 and not static:
                 break  # chunked prefill off: the prompt waits for a step with room (FIFO)
@@ -223,6 +223,21 @@ class Scheduler:
                 remaining = max(0, remaining - num_new)
             self._kv.cache_blocks(seq.seq_id, seq.token_ids, seq.num_computed_tokens + num_new)
         return remaining
+
+    @staticmethod
+    def _prompt_logits_start(seq: Sequence) -> int | None:
+        """The first position whose logits a sequence's prompt logprobs need (position p gives
+        token p + 1's), while its prompt is still to be computed; None otherwise."""
+        if seq.prompt_logprobs_start is None or seq.num_generated_tokens > 0:
+            return None
+        return seq.prompt_logprobs_start - 1
+
+    def _max_cached_tokens(self, seq: Sequence) -> int:
+        """Tokens a sequence may take from the prefix cache: all but its last, and none from
+        the first position its prompt logprobs need (cached tokens have no logits)."""
+        limit = seq.num_tokens - 1
+        start = self._prompt_logits_start(seq)
+        return limit if start is None else min(limit, start)
 
     def _start(self, seq: Sequence, hit: CacheMatch) -> None:
         seq.status = SequenceStatus.RUNNING
@@ -260,6 +275,7 @@ class Scheduler:
             num_samples=num_samples,
             sample_seeds=seeds,
             num_generated_tokens=seq.num_generated_tokens,
+            prompt_logits_start=self._prompt_logits_start(seq),
         )
 
     # ---------------------------------------------------------------- update

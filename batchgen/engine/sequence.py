@@ -42,6 +42,10 @@ class Sequence:
     finish_reason: str | None = None
     stop_reason: str | int | None = None
     logprobs: list[dict[int, float]] = field(default_factory=list)
+    # The first prompt token whose log-probability is wanted (>= 1: the first token has none);
+    # None when none is. Until the prompt is computed, its tokens from there on come with
+    # logits, and so are computed, never taken from the prefix cache (set at construction).
+    prompt_logprobs_start: int | None = None
 
     @property
     def num_tokens(self) -> int:

@@ -21,7 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from batchgen.engine.logits_processors import bad_words_token_ids, banned_bad_word_tokens
-from batchgen.engine.sampler import SampleRequest, Sampler, sample
+from batchgen.engine.sampler import Sampler, SampleRequest, sample
 from batchgen.engine.sampling_params import SamplingParams
 from batchgen.engine.token_counts import TokenCounts
 
