@@ -37,6 +37,7 @@ from batchgen.tokenizer.tokenizer import Tokenizer
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 __all__ = [
+    "ARCHITECTURES",
     "TINY_VOCAB_SIZE",
     "TinyGGUF",
     "llama3_rope_freqs",
@@ -83,6 +84,22 @@ def _smollm2_tokenizer_metadata() -> _GGUFTokenizerData:
     )
 
 
+# transformers config class of each architecture the tiny models cover.
+_CONFIG_CLASSES = {
+    "llama": "LlamaConfig",
+    "qwen2": "Qwen2Config",
+    "mistral": "MistralConfig",
+    "qwen3": "Qwen3Config",
+    "qwen3_moe": "Qwen3MoeConfig",
+    "mixtral": "MixtralConfig",
+    "gemma2": "Gemma2Config",
+    "gemma3_text": "Gemma3TextConfig",
+    "phi3": "Phi3Config",
+    "smollm3": "SmolLM3Config",
+}
+ARCHITECTURES = tuple(_CONFIG_CLASSES)
+
+
 def _hf_config(
     architecture: str,
     *,
@@ -96,16 +113,12 @@ def _hf_config(
     tie_word_embeddings: bool,
     rope_scaling: Mapping[str, Any] | None,
     rope_theta: float,
+    extra: Mapping[str, Any],
 ) -> Any:
     import transformers
 
-    classes = {
-        "llama": transformers.LlamaConfig,
-        "qwen2": transformers.Qwen2Config,
-        "mistral": transformers.MistralConfig,
-    }
-    if architecture not in classes:
-        raise ValueError(f"architecture must be one of {sorted(classes)}, got {architecture!r}")
+    if architecture not in _CONFIG_CLASSES:
+        raise ValueError(f"architecture must be one of {sorted(_CONFIG_CLASSES)}, got {architecture!r}")
     tokenizer = smollm2_tokenizer()
     rope_parameters: dict[str, Any] = {"rope_type": "default", "rope_theta": rope_theta}
     if rope_scaling is not None:
@@ -124,24 +137,34 @@ def _hf_config(
         "rope_parameters": rope_parameters,
         "bos_token_id": tokenizer.bos_token_id,
         "eos_token_id": tokenizer.eos_token_id,
+        "pad_token_id": None,
     }
     if architecture == "mistral":
         kwargs["sliding_window"] = None
-    return classes[architecture](**kwargs)
+    if architecture == "gemma3_text" and "rope_parameters" not in extra:
+        kwargs["rope_parameters"] = {
+            "full_attention": rope_parameters,
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+        }
+    if architecture == "phi3":
+        kwargs.pop("head_dim")  # Phi3Config derives it from hidden_size / heads
+    kwargs.update(extra)
+    return getattr(transformers, _CONFIG_CLASSES[architecture])(**kwargs)
 
 
-def _scale_init(model: torch.nn.Module) -> None:
-    """Re-draw every parameter from the current torch RNG with less flat distributions."""
+def _scale_init(model: torch.nn.Module, *, norm_center: float) -> None:
+    """Re-draw every parameter from the current torch RNG with less flat distributions; norm
+    weights around `norm_center` (0 for Gemma, whose norms multiply by 1 + w)."""
     with torch.no_grad():
         for name, param in model.named_parameters():
             if name.endswith("norm.weight"):
-                param.copy_(1.0 + _NORM_STD * torch.randn_like(param))
+                param.copy_(norm_center + _NORM_STD * torch.randn_like(param))
             elif name.endswith(".bias"):
                 param.normal_(0.0, _BIAS_STD)
             elif "embed_tokens" in name or name.startswith("lm_head"):
-                param.normal_(0.0, _LOGIT_STD / math.sqrt(param.shape[1]))
-            else:
-                param.normal_(0.0, _LINEAR_GAIN / math.sqrt(param.shape[1]))
+                param.normal_(0.0, _LOGIT_STD / math.sqrt(param.shape[-1]))
+            else:  # projections, experts ([experts, out, in]) and routers: fan-in is the last dim
+                param.normal_(0.0, _LINEAR_GAIN / math.sqrt(param.shape[-1]))
 
 
 def make_tiny_hf_folder(
@@ -159,12 +182,15 @@ def make_tiny_hf_folder(
     seed: int = 0,
     rope_scaling: Mapping[str, Any] | None = None,
     rope_theta: float = 10000.0,
+    extra_config: Mapping[str, Any] | None = None,
 ) -> Path:
-    """Write a random tiny model (llama, qwen2 or mistral) with SmolLM2's tokenizer; return the folder.
+    """Write a random tiny model of `architecture` (one of `ARCHITECTURES`) with SmolLM2's
+    tokenizer; return the folder.
 
     `rope_scaling` is a transformers rope dict, e.g. {"rope_type": "llama3", "factor": 8.0,
-    "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 256}.
-    The folder is `tmp_path / f"tiny-{architecture}-{seed}"`.
+    "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 256};
+    `extra_config` adds or overrides keyword arguments of the transformers config class (sliding
+    windows, experts, soft caps, ...). The folder is `tmp_path / f"tiny-{architecture}-{seed}"`.
     """
     import transformers
 
@@ -182,10 +208,11 @@ def make_tiny_hf_folder(
         tie_word_embeddings=tie_word_embeddings,
         rope_scaling=rope_scaling,
         rope_theta=rope_theta,
+        extra=extra_config or {},
     )
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)  # type: ignore[no-untyped-call]
-    _scale_init(model)
+    _scale_init(model, norm_center=0.0 if architecture.startswith("gemma") else 1.0)
     if tie_word_embeddings:
         model.tie_weights()
     folder = Path(tmp_path) / f"tiny-{architecture}-{seed}"

@@ -32,6 +32,7 @@ import torch
 import xxhash
 from safetensors.torch import load_file
 
+from batchgen.models import registry
 from batchgen.models.config import ModelConfig
 from batchgen.models.gguf_loader import load_gguf
 from batchgen.tokenizer.tokenizer import Tokenizer
@@ -98,31 +99,8 @@ def default_model_path() -> Path:
 
 
 def expected_weight_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """Every weight name a checkpoint of `config` holds, with its shape."""
-    hidden, q_dim = config.hidden_size, config.num_heads * config.head_dim
-    kv_dim = config.num_kv_heads * config.head_dim
-    shapes: dict[str, tuple[int, ...]] = {
-        "model.embed_tokens.weight": (config.vocab_size, hidden),
-        "model.norm.weight": (hidden,),
-    }
-    if not config.tie_word_embeddings:
-        shapes["lm_head.weight"] = (config.vocab_size, hidden)
-    for idx in range(config.num_layers):
-        prefix = f"model.layers.{idx}."
-        shapes[prefix + "self_attn.q_proj.weight"] = (q_dim, hidden)
-        shapes[prefix + "self_attn.k_proj.weight"] = (kv_dim, hidden)
-        shapes[prefix + "self_attn.v_proj.weight"] = (kv_dim, hidden)
-        shapes[prefix + "self_attn.o_proj.weight"] = (hidden, q_dim)
-        if config.qkv_bias:
-            shapes[prefix + "self_attn.q_proj.bias"] = (q_dim,)
-            shapes[prefix + "self_attn.k_proj.bias"] = (kv_dim,)
-            shapes[prefix + "self_attn.v_proj.bias"] = (kv_dim,)
-        shapes[prefix + "mlp.gate_proj.weight"] = (config.intermediate_size, hidden)
-        shapes[prefix + "mlp.up_proj.weight"] = (config.intermediate_size, hidden)
-        shapes[prefix + "mlp.down_proj.weight"] = (hidden, config.intermediate_size)
-        shapes[prefix + "input_layernorm.weight"] = (hidden,)
-        shapes[prefix + "post_attention_layernorm.weight"] = (hidden,)
-    return shapes
+    """Every weight name a checkpoint of `config` holds, with its shape (its family's list)."""
+    return registry.expected_weight_shapes(config)
 
 
 def load_checkpoint(

@@ -40,6 +40,7 @@ def smollm2() -> Checkpoint:
 # ---------------------------------------------------------------- the shipped GGUF
 
 
+@pytest.mark.slow  # the built-in model
 def test_default_model_config(smollm2: Checkpoint) -> None:
     config = smollm2.config
     assert smollm2.source == default_model_path()
@@ -55,6 +56,7 @@ def test_default_model_config(smollm2: Checkpoint) -> None:
     assert smollm2.tokenizer.eos_token_id in config.eos_token_ids
 
 
+@pytest.mark.slow  # the built-in model
 def test_default_model_weights_are_complete(smollm2: Checkpoint) -> None:
     shapes = expected_weight_shapes(smollm2.config)
     assert "lm_head.weight" not in smollm2.weights
@@ -64,6 +66,7 @@ def test_default_model_weights_are_complete(smollm2: Checkpoint) -> None:
     assert smollm2.fingerprint == checkpoint_module._files_fingerprint([smollm2.source])
 
 
+@pytest.mark.slow  # the built-in model
 def test_gguf_weights_equal_transformers(smollm2: Checkpoint) -> None:
     from transformers import AutoModelForCausalLM
 
@@ -336,8 +339,12 @@ def test_sliding_window_rules() -> None:
     assert ModelConfig.from_hf_dict(qwen).sliding_window is None
     all_layers = {**qwen, "use_sliding_window": True, "max_window_layers": 0}
     assert ModelConfig.from_hf_dict(all_layers).sliding_window == 4096
-    with pytest.raises(ValueError, match="only some layers"):
-        ModelConfig.from_hf_dict({**qwen, "use_sliding_window": True, "max_window_layers": 1})
+    assert ModelConfig.from_hf_dict(all_layers).layer_types == ()  # every layer slides
+    # Sliding on the layers from max_window_layers on, as transformers' Qwen2Config derives them.
+    some = ModelConfig.from_hf_dict({**qwen, "use_sliding_window": True, "max_window_layers": 1})
+    assert some.sliding_window == 4096
+    assert some.layer_types == ("full_attention", "sliding_attention")
+    assert [some.layer_sliding_window(i) for i in range(2)] == [None, 4096]
 
 
 @pytest.mark.parametrize(
@@ -347,7 +354,7 @@ def test_sliding_window_rules() -> None:
         ({"vocab_size": None}, r"my/config\.json: missing required key 'vocab_size'"),
         ({"mlp_bias": True}, "mlp_bias"),
         ({"hidden_act": "gelu"}, "hidden_act"),
-        ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "'yarn' is not supported"),
+        ({"rope_scaling": {"rope_type": "proportional", "factor": 4.0}}, "'proportional' is not supported"),
         ({"rope_scaling": {"rope_type": "llama3", "factor": 4.0}}, "lacks 'low_freq_factor'"),
         ({"num_key_value_heads": 3}, r"num_heads \(4\) must be a multiple of ModelConfig\.num_kv_heads \(3\)"),
         ({"hidden_size": 0, "head_dim": 16}, r"ModelConfig\.hidden_size: expected an integer >= 1"),
@@ -398,7 +405,7 @@ def test_model_config_validation_names_the_field(changes: dict[str, Any], field:
 @pytest.mark.parametrize(
     ("kwargs", "field"),
     [
-        ({"rope_type": "yarn"}, "rope_type"),
+        ({"rope_type": "su"}, "rope_type"),
         ({"rope_type": "linear", "factor": 0.0}, "factor"),
         ({"rope_type": "llama3", "low_freq_factor": 4.0, "high_freq_factor": 1.0}, "high_freq_factor"),
         ({"rope_type": "llama3", "original_max_position_embeddings": 0}, "original_max_position_embeddings"),

@@ -2,8 +2,9 @@
 the same weights, for llama3 and linear scaling, from a Hugging Face folder and from a GGUF
 written the way llama.cpp's converter writes it (issue 20).
 
-batchgen supports rope types default, linear and llama3 (`batchgen.models.config`); any other
-(yarn, dynamic, longrope) is refused at load, naming the file. The tiny models' rotary
+batchgen supports rope types default, linear, llama3, dynamic, yarn and longrope
+(`batchgen.models.config`; the last three are checked in test_rope.py); any other is refused at
+load, naming the file. The tiny models' rotary
 frequencies span both sides of the llama3 cut-offs (head_dim 16, theta 10000, original context
 256: wavelengths 6 to 19869 tokens against cut-offs of 64 and 256), so every branch of the
 formula is used, and prompts are long enough (up to 70 tokens) that the scaled frequencies move
@@ -157,9 +158,8 @@ def test_gguf_with_other_llama3_factors_is_refused(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     "rope_parameters",
     [
-        {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 256},
-        {"rope_type": "dynamic", "factor": 2.0},
-        {"rope_type": "longrope", "short_factor": [1.0] * 8, "long_factor": [2.0] * 8},
+        {"rope_type": "proportional", "factor": 4.0},
+        {"rope_type": "mrope", "factor": 2.0},
     ],
     ids=lambda p: p["rope_type"],
 )
