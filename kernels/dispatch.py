@@ -137,18 +137,17 @@ def paged_attention(
     positions > query position - sliding_window; HF/vLLM semantics); None = all earlier keys.
     logits_soft_cap: scores become cap * tanh(scores / cap), after `scale`, before the softmax.
     Raises ValueError for a window below 1 or a cap that is not a positive finite number. The
-    Triton path needs query and caches of one dtype (fp16/bf16/fp32) and a power-of-two head_dim
-    in [16, 256], and raises ValueError otherwise.
+    Triton path needs query and caches of one dtype (fp16/bf16/fp32) and a head_dim of at most
+    256, and raises ValueError otherwise.
     """
     _check_options(sliding_window, logits_soft_cap)
     resolved = resolve_backend(backend, query.device)
     if resolved == "triton":
         from .triton_attention import paged_attention_triton
 
-        if sliding_window is None and logits_soft_cap is None:
-            return paged_attention_triton(query, k_cache, v_cache, meta, scale)
-        # TODO(#23): the Triton kernel's window and soft cap (part B) land next.
-        return paged_attention_torch(query, k_cache, v_cache, meta, scale, sliding_window=sliding_window, logits_soft_cap=logits_soft_cap)
+        return paged_attention_triton(
+            query, k_cache, v_cache, meta, scale, sliding_window=sliding_window, logits_soft_cap=logits_soft_cap
+        )
     # The compiled kernel reads float32 pools in its own layout (new_kv_cache makes them): None
     # falls back to PyTorch for anything else, an explicit "cpu" raises (RuntimeError from the
     # kernel).

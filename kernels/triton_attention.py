@@ -23,6 +23,15 @@ softmax computed online in fp32 (base-2 exponentials, scale folded into the logi
 Key positions map to pool slots element-wise (block_tables[s, pos // BLOCK_SIZE], pos % BLOCK_SIZE),
 so TILE_N is independent of the block size. Reads the caches only; writes a new output tensor.
 Imports torch and triton only.
+
+Options (`dispatch.paged_attention`), each a compile-time switch so that a model without them
+runs the same code as before:
+- SLIDING_WINDOW: row p sees keys p - window + 1 .. p; tiles wholly below the window of the
+  program's first token are not visited at all (`first_tile`), the rest are masked per row.
+- SOFT_CAP: logits cap * tanh(scale * q.k / cap) (Gemma 2), then to base 2.
+- head_dim need not be a power of two (Phi-3's 96): the head is padded to HEAD_DIM_PADDED lanes,
+  masked on load and store. Heads above 128 lanes (Gemma's 256) take smaller tiles (32-row
+  prefill tiles, 16-key tiles, one stage) so that q, K, V and the accumulator fit.
 """
 
 from __future__ import annotations
@@ -40,6 +49,21 @@ __all__ = ["paged_attention_triton"]
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _TILE_N = 32
 _LOG2E = 1.4426950408889634
+LOG2E = tl.constexpr(_LOG2E)
+
+
+@triton.jit
+def _soft_cap(s, cap):
+    """cap * tanh(s / cap), fp32. tanh|u| from exp2 where |u| >= 1/4, from its Taylor series to
+    u^9 below (relative error under 1e-8 there), where (1 - e) / (1 + e) would lose the low bits
+    of a small u to cancellation."""
+    u = s / cap
+    a = tl.abs(u)
+    a2 = a * a
+    small = a * (1.0 + a2 * (-0.3333333333333333 + a2 * (0.13333333333333333 + a2 * (-0.05396825396825397 + a2 * 0.021869488536155203))))
+    e = tl.math.exp2(a * (-2.0 * LOG2E))
+    t = tl.where(a < 0.25, small, (1.0 - e) / (1.0 + e))
+    return tl.where(u < 0.0, -t, t) * cap
 
 
 @triton.jit
@@ -70,6 +94,9 @@ def _paged_attention_kernel(
     seq_lens_ptr,
     query_start_loc_ptr,
     qk_scale,
+    sm_scale,
+    soft_cap,
+    window,
     num_seqs,
     stride_qt,
     stride_qh,
@@ -88,12 +115,15 @@ def _paged_attention_kernel(
     stride_bt,
     GROUP: tl.constexpr,
     HEAD_DIM: tl.constexpr,
+    HEAD_DIM_PADDED: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_Q: tl.constexpr,
     TILE_N: tl.constexpr,
     DOT_F32: tl.constexpr,
     DOT_IEEE: tl.constexpr,
+    SLIDING_WINDOW: tl.constexpr,
+    SOFT_CAP: tl.constexpr,
 ):
     q_block_id = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -109,14 +139,18 @@ def _paged_attention_kernel(
     context_len = seq_len - q_len
 
     offs_m = tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, HEAD_DIM)
+    offs_d = tl.arange(0, HEAD_DIM_PADDED)
     tok = q_block * BLOCK_Q + offs_m // GROUP  # token index inside this sequence's chunk
     head = kv_head * GROUP + offs_m % GROUP
     row_valid = (offs_m < BLOCK_Q * GROUP) & (tok < q_len)
     q_pos = context_len + tok  # absolute position of each row's token
+    # The mask of q and out: real rows, and the head's lanes where it is padded.
+    q_mask = row_valid[:, None]
+    if HEAD_DIM_PADDED != HEAD_DIM:
+        q_mask = q_mask & (offs_d < HEAD_DIM)[None, :]
 
     q_offs = (q_start + tok).to(tl.int64)[:, None] * stride_qt + head[:, None] * stride_qh
-    q = tl.load(q_ptr + q_offs + offs_d[None, :] * stride_qd, mask=row_valid[:, None], other=0.0)
+    q = tl.load(q_ptr + q_offs + offs_d[None, :] * stride_qd, mask=q_mask, other=0.0)
     if DOT_F32:
         q = q.to(tl.float32)
 
@@ -124,40 +158,49 @@ def _paged_attention_kernel(
     last_tok = tl.minimum(q_block * BLOCK_Q + BLOCK_Q - 1, q_len - 1)
     kv_end = context_len + last_tok + 1
     num_tiles = tl.cdiv(kv_end, TILE_N)
+    first_tile = 0
+    if SLIDING_WINDOW:
+        # The program's first token sees the lowest keys: tiles below its window are skipped.
+        first_tile = tl.maximum(context_len + q_block * BLOCK_Q - window + 1, 0) // TILE_N
 
     # A finite floor instead of -inf keeps padding rows free of inf - inf (NaN).
     m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM_PADDED], dtype=tl.float32)
 
     bt_row = block_tables_ptr + seq_idx.to(tl.int64) * stride_bt
     k_head = kv_head.to(tl.int64) * stride_kh
     v_head = kv_head.to(tl.int64) * stride_vh
-    for t in range(0, num_tiles):
+    for t in range(first_tile, num_tiles):
         offs_n = t * TILE_N + tl.arange(0, TILE_N)
         n_valid = offs_n < kv_end
         block_id = tl.load(bt_row + offs_n // BLOCK_SIZE, mask=n_valid, other=0).to(tl.int64)
         in_block = (offs_n % BLOCK_SIZE).to(tl.int64)
         k_offs = block_id * stride_kb + in_block * stride_ks + k_head
         v_offs = block_id * stride_vb + in_block * stride_vs + v_head
+        k_mask = n_valid[None, :]
+        v_mask = n_valid[:, None]
+        if HEAD_DIM_PADDED != HEAD_DIM:
+            k_mask = k_mask & (offs_d < HEAD_DIM)[:, None]
+            v_mask = v_mask & (offs_d < HEAD_DIM)[None, :]
         k = tl.load(
-            k_cache_ptr + k_offs[None, :] + offs_d[:, None] * stride_kd,
-            mask=n_valid[None, :],
-            other=0.0,
-        )  # [HEAD_DIM, TILE_N]
+            k_cache_ptr + k_offs[None, :] + offs_d[:, None] * stride_kd, mask=k_mask, other=0.0
+        )  # [HEAD_DIM_PADDED, TILE_N]
         v = tl.load(
-            v_cache_ptr + v_offs[:, None] + offs_d[None, :] * stride_vd,
-            mask=n_valid[:, None],
-            other=0.0,
-        )  # [TILE_N, HEAD_DIM]
+            v_cache_ptr + v_offs[:, None] + offs_d[None, :] * stride_vd, mask=v_mask, other=0.0
+        )  # [TILE_N, HEAD_DIM_PADDED]
         if DOT_F32:
             k = k.to(tl.float32)
             v = v.to(tl.float32)
 
         s = tl.dot(q, k, input_precision="ieee") if DOT_IEEE else tl.dot(q, k)
+        s = _soft_cap(s * sm_scale, soft_cap) * LOG2E if SOFT_CAP else s * qk_scale
         # Causal mask; it also hides keys past kv_end for every real row. Padding rows are
         # never stored, so what they see does not matter.
-        s = tl.where(offs_n[None, :] <= q_pos[:, None], s * qk_scale, float("-inf"))
+        visible = offs_n[None, :] <= q_pos[:, None]
+        if SLIDING_WINDOW:
+            visible = visible & (offs_n[None, :] > q_pos[:, None] - window)
+        s = tl.where(visible, s, float("-inf"))
 
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         alpha = tl.math.exp2(m_i - m_new)
@@ -174,7 +217,7 @@ def _paged_attention_kernel(
     tl.store(
         out_ptr + o_offs + offs_d[None, :] * stride_od,
         out.to(out_ptr.dtype.element_ty),
-        mask=row_valid[:, None],
+        mask=q_mask,
     )
 
 
@@ -215,10 +258,8 @@ def _check_inputs(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     num_kv_heads = k_cache.shape[2]
     if k_cache.shape[3] != head_dim:
         raise ValueError(f"head_dim differs: query {head_dim}, cache {k_cache.shape[3]}")
-    if head_dim < 16 or head_dim > 256 or head_dim & (head_dim - 1):
-        raise ValueError(
-            f"Triton attention needs a power-of-two head_dim in [16, 256], got {head_dim}"
-        )
+    if head_dim < 1 or head_dim > 256:
+        raise ValueError(f"Triton attention needs a head_dim in [1, 256], got {head_dim}")
     if num_heads % num_kv_heads:
         raise ValueError(f"num_heads {num_heads} is not a multiple of num_kv_heads {num_kv_heads}")
     if query.dtype not in _DTYPES or k_cache.dtype != query.dtype or v_cache.dtype != query.dtype:
@@ -234,11 +275,15 @@ def paged_attention_triton(
     v_cache: torch.Tensor,
     meta: AttentionMetadata,
     scale: float,
+    *,
+    sliding_window: int | None = None,
+    logits_soft_cap: float | None = None,
 ) -> torch.Tensor:
     """Attention of every query token over its sequence's paged K/V; one kernel launch.
 
-    query: [num_tokens, num_heads, head_dim] (fp16, bf16 or fp32); caches
-    [num_blocks, block_size, num_kv_heads, head_dim] of the same dtype. Returns a new tensor shaped
+    query: [num_tokens, num_heads, head_dim] (fp16, bf16 or fp32; head_dim 1-256); caches
+    [num_blocks, block_size, num_kv_heads, head_dim] of the same dtype. sliding_window and
+    logits_soft_cap as in `dispatch.paged_attention` (checked there). Returns a new tensor shaped
     and typed like query. Reads the caches only. Raises ValueError on unsupported shapes/dtypes.
     """
     _check_inputs(query, k_cache, v_cache)
@@ -250,8 +295,14 @@ def paged_attention_triton(
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     group = num_heads // num_kv_heads
 
+    # 16 lanes minimum for tl.dot's K dimension.
+    head_dim_padded = max(16, triton.next_power_of_2(head_dim))
+    # Heads above 128 lanes: q, K, V and the fp32 accumulator of 64-row, 32-key tiles would not
+    # fit beside each other (registers, shared memory on smaller GPUs): halve both.
+    is_wide = head_dim_padded > 128
     # 16 rows minimum for tl.dot; bigger tiles for prefill so K/V tiles are reused across tokens.
-    min_rows = 64 if meta.max_query_len * group >= 64 else 16
+    prefill_rows = 32 if is_wide else 64
+    min_rows = prefill_rows if meta.max_query_len * group >= prefill_rows else 16
     block_m = max(min_rows, triton.next_power_of_2(group))
     block_q = block_m // group
     num_q_blocks = num_tokens // block_q + meta.num_seqs
@@ -269,6 +320,9 @@ def paged_attention_triton(
         meta.seq_lens,
         meta.query_start_loc,
         scale * _LOG2E,
+        scale,
+        1.0 if logits_soft_cap is None else float(logits_soft_cap),
+        0 if sliding_window is None else sliding_window,
         meta.num_seqs,
         *query.stride(),
         *out.stride(),
@@ -277,13 +331,16 @@ def paged_attention_triton(
         meta.block_tables.stride(0),
         GROUP=group,
         HEAD_DIM=head_dim,
+        HEAD_DIM_PADDED=head_dim_padded,
         BLOCK_SIZE=block_size,
         BLOCK_M=block_m,
         BLOCK_Q=block_q,
-        TILE_N=_TILE_N,
+        TILE_N=16 if is_wide else _TILE_N,
         DOT_F32=dot_f32,
         DOT_IEEE=dot_ieee,
+        SLIDING_WINDOW=sliding_window is not None,
+        SOFT_CAP=logits_soft_cap is not None,
         num_warps=4,
-        num_stages=2,
+        num_stages=1 if is_wide else 2,
     )
     return out

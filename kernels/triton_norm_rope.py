@@ -115,10 +115,13 @@ def _rotate_heads(
     sin,
     BLOCK_H: tl.constexpr,
     HALF: tl.constexpr,
+    HALF_PADDED: tl.constexpr,
 ):
     offs_h = tl.arange(0, BLOCK_H)
-    offs_d = tl.arange(0, HALF)
+    offs_d = tl.arange(0, HALF_PADDED)
     mask = (offs_h < num_heads)[:, None]
+    if HALF_PADDED != HALF:
+        mask = mask & (offs_d < HALF)[None, :]
     ptr1 = x_ptr + token * stride_t + offs_h[:, None] * stride_h + offs_d[None, :] * stride_d
     ptr2 = ptr1 + HALF * stride_d
     x1 = tl.load(ptr1, mask=mask, other=0.0).to(tl.float32)
@@ -147,15 +150,19 @@ def _rotary_kernel(
     BLOCK_H: tl.constexpr,
     BLOCK_KV: tl.constexpr,
     HALF: tl.constexpr,
+    HALF_PADDED: tl.constexpr,
 ):
     token = tl.program_id(0).to(tl.int64)
     pos = tl.load(pos_ptr + token).to(tl.int64)
-    offs_d = tl.arange(0, HALF)
-    cos = tl.load(cos_ptr + pos * stride_cos + offs_d).to(tl.float32)
-    sin = tl.load(sin_ptr + pos * stride_sin + offs_d).to(tl.float32)
-    _rotate_heads(q_ptr, token, stride_qt, stride_qh, stride_qd, num_heads, cos, sin, BLOCK_H, HALF)
+    offs_d = tl.arange(0, HALF_PADDED)
+    d_mask = offs_d < HALF
+    cos = tl.load(cos_ptr + pos * stride_cos + offs_d, mask=d_mask, other=0.0).to(tl.float32)
+    sin = tl.load(sin_ptr + pos * stride_sin + offs_d, mask=d_mask, other=0.0).to(tl.float32)
     _rotate_heads(
-        k_ptr, token, stride_kt, stride_kh, stride_kd, num_kv_heads, cos, sin, BLOCK_KV, HALF
+        q_ptr, token, stride_qt, stride_qh, stride_qd, num_heads, cos, sin, BLOCK_H, HALF, HALF_PADDED
+    )
+    _rotate_heads(
+        k_ptr, token, stride_kt, stride_kh, stride_kd, num_kv_heads, cos, sin, BLOCK_KV, HALF, HALF_PADDED
     )
 
 
@@ -168,8 +175,9 @@ def rotary_embedding_triton(
 ) -> None:
     """Rotate query [T, H, D] and key [T, KVH, D] in place (views with any strides are fine).
 
-    positions: int [T]; cos_cache/sin_cache: [max_positions, D/2]. Raises ValueError on bad shapes
-    or a head_dim that is not an even power of two.
+    positions: int [T]; cos_cache/sin_cache: [max_positions, D/2]. Any even head_dim (a half that
+    is no power of two, as Phi-3's 48, is padded to one and masked). Raises ValueError on bad
+    shapes or an odd head_dim.
     """
     if (
         query.dim() != 3
@@ -182,8 +190,8 @@ def rotary_embedding_triton(
         )
     num_tokens, num_heads, head_dim = query.shape
     half = head_dim // 2
-    if half < 1 or half & (half - 1) or head_dim % 2:
-        raise ValueError(f"rotary embedding needs a power-of-two head_dim >= 2, got {head_dim}")
+    if half < 1 or head_dim % 2:
+        raise ValueError(f"rotary embedding needs an even head_dim >= 2, got {head_dim}")
     if positions.shape != (num_tokens,):
         raise ValueError(f"positions must be [{num_tokens}], got {tuple(positions.shape)}")
     if cos_cache.dim() != 2 or cos_cache.shape[1] != half or sin_cache.shape != cos_cache.shape:
@@ -210,5 +218,6 @@ def rotary_embedding_triton(
         BLOCK_H=triton.next_power_of_2(num_heads),
         BLOCK_KV=triton.next_power_of_2(key.shape[1]),
         HALF=half,
+        HALF_PADDED=triton.next_power_of_2(half),
         num_warps=4,
     )

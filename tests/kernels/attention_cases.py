@@ -182,17 +182,22 @@ def with_query_gain(batch: Batch, gain: float = QUERY_GAIN) -> Batch:
     return replace(batch, query=batch.query * gain)
 
 
-def poison_unseen_blocks(batch: Batch, sliding_window: int | None) -> Batch:
+def poison_unseen_blocks(batch: Batch, sliding_window: int | None, key_tile: int | None = None) -> Batch:
     """The batch with NaN in every pool block that no query can see: the spare blocks, and each
     sequence's blocks that lie wholly before its first query's window. A kernel that reads such
-    a block, even to mask it, returns NaN (a masked NaN score or a 0 * NaN value)."""
+    a block, even to mask it, returns NaN (a masked NaN score or a 0 * NaN value).
+
+    key_tile: a kernel that visits keys in aligned tiles of this many (Triton's TILE_N) may read
+    the blocks of the tile the window starts in; those stay clean (default: the block size)."""
     meta = batch.meta
     block_size = batch.k_cache.shape[1]
+    tile = key_tile or block_size
     seen: set[int] = set()
     tables = meta.block_tables.cpu()
     for s, (q_len, seq_len) in enumerate(zip(meta.query_lens_host, meta.seq_lens_host, strict=True)):
         first_pos = seq_len - q_len
         lo = 0 if sliding_window is None else max(0, first_pos - sliding_window + 1)
+        lo = lo // tile * tile
         seen.update(int(b) for b in tables[s, lo // block_size : -(-seq_len // block_size)])
     unseen = torch.tensor(sorted(set(range(batch.k_cache.shape[0])) - seen), dtype=torch.long)
     k_cache, v_cache = batch.k_cache.clone(), batch.v_cache.clone()

@@ -110,4 +110,4 @@ def test_options_out_of_range_are_refused(window: object, cap: object) -> None:
     batch = make_batch((1,), (5,), num_heads=4, num_kv_heads=2, head_dim=32, device=torch.device("cpu"))
     with pytest.raises(ValueError, match="sliding_window" if cap is None else "logits_soft_cap"):
         paged_attention(batch.query, batch.k_cache, batch.v_cache, batch.meta, batch.scale,
-                        sliding_window=window, logits_soft_cap=cap)  # type: ignore[arg-type]  # fmt: skip
+                        sliding_window=window, logits_soft_cap=cap)  # fmt: skip

@@ -15,15 +15,20 @@ from batchgen.kernels import Backend, paged_attention, resolve_backend, write_kv
 from batchgen.kernels.attention_cpu import is_cpu_kernel_available
 
 from .attention_cases import (
+    ATOL,
     CAN_RUN_TRITON,
     DEVICE,
     INTERPRETER_WARNING,
     ON_GPU,
+    OPTION_CASE,
+    RTOL,
     Batch,
     assert_close,
     make_batch,
     max_error,
     naive_attention,
+    poison_unseen_blocks,
+    with_query_gain,
 )
 
 pytest.importorskip("triton")
@@ -133,7 +138,7 @@ def test_default_cpu_backend_is_the_compiled_kernel_where_it_builds() -> None:
 
 @pytest.mark.parametrize(
     ("head_dim", "cache_dtype", "match"),
-    [(48, torch.float32, "head_dim"), (32, torch.float16, "dtype")],
+    [(320, torch.float32, "head_dim"), (32, torch.float16, "dtype")],
 )
 def test_rejects_unsupported_inputs(head_dim: int, cache_dtype: torch.dtype, match: str) -> None:
     batch = make_batch((2,), (3,), num_heads=2, num_kv_heads=2, head_dim=head_dim)
@@ -218,3 +223,50 @@ def test_write_then_attend() -> None:
     write_kv(batch.key, batch.value, k_cache, v_cache, batch.meta.slot_mapping, backend="triton")
     out = paged_attention(batch.query, k_cache, v_cache, batch.meta, batch.scale, backend="triton")
     assert_close(out, expected, torch.float16)
+
+
+# Few cases per variant: the interpreter runs every program of every tile in Python. Together
+# they cover GQA 1, 4 and 8, head_dim 32, 96 (padded to 128 lanes), 128 and 256 (the narrow
+# tiles), windows inside a block, on a block boundary and across blocks and the tiles of 32 keys,
+# and caps. The batch is OPTION_CASE less its two shortest sequences: decode rows at a block
+# multiple and far past the windows, a chunk over a prefix that ends mid-block, a chunk longer
+# than most windows over a prefix.
+TRITON_OPTION_CASE = (OPTION_CASE[0][1:5], OPTION_CASE[1][1:5])
+OPTION_VARIANTS = [
+    # (num_heads, num_kv_heads, head_dim, dtype, window, cap)
+    (8, 2, 32, torch.float32, 5, None),
+    (8, 2, 32, torch.float32, 21, None),
+    (8, 2, 32, torch.float32, None, 2.0),
+    (8, 2, 32, torch.float16, 21, 30.0),
+    (16, 2, 128, torch.float32, 16, 30.0),
+    (2, 2, 256, torch.float32, 5, 2.0),
+    (4, 2, 96, torch.float32, 21, None),
+    (4, 2, 96, torch.bfloat16, None, None),
+]
+
+
+@pytest.mark.parametrize(
+    ("num_heads", "num_kv_heads", "head_dim", "dtype", "window", "cap"), OPTION_VARIANTS, ids=str
+)
+def test_window_soft_cap_and_head_dims(
+    num_heads: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype, window: int | None, cap: float | None
+) -> None:
+    """Against the fp64 reference and the PyTorch path; the blocks of key tiles wholly before
+    every window hold NaN, so a kernel that visited those tiles (even masked) would fail."""
+    batch = make_batch(*TRITON_OPTION_CASE, num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
+                       dtype=dtype)  # fmt: skip
+    if cap is not None:
+        batch = with_query_gain(batch)
+    expected = naive_attention(batch, sliding_window=window, logits_soft_cap=cap)
+    tile = 16 if head_dim > 128 else 32
+    poisoned = poison_unseen_blocks(batch, window, key_tile=tile)
+    out = paged_attention(poisoned.query, poisoned.k_cache, poisoned.v_cache, poisoned.meta, poisoned.scale,
+                          backend="triton", sliding_window=window, logits_soft_cap=cap)  # fmt: skip
+    assert out.shape == batch.query.shape and out.dtype == dtype
+    # float32 rounding of the scores grows with their size (the query gain in the cap cases).
+    gain = 4.0 if cap is not None and dtype == torch.float32 else 1.0
+    torch.testing.assert_close(out.double().cpu(), expected, atol=ATOL[dtype] * gain, rtol=RTOL[dtype])
+    reference = paged_attention(batch.query, batch.k_cache, batch.v_cache, batch.meta, batch.scale,
+                                backend="torch", sliding_window=window, logits_soft_cap=cap)  # fmt: skip
+    torch.testing.assert_close(out.double().cpu(), reference.double().cpu(), atol=ATOL[dtype] * gain,
+                               rtol=RTOL[dtype])  # fmt: skip
