@@ -1,0 +1,45 @@
+"""Prediction against measurement on a small case: calibrate on one run of a tiny model, predict
+another configuration's run, measure it. Times are this process's CPU seconds (the lab's CPU
+clock: steadier than wall time on a shared machine), and the bound is loose (a factor of 1.6)
+because CI machines are noisy; the exact check of the simulator is test_step_sequence.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from batchgen.cli.bench import SimSpec, run_workload_bench
+from batchgen.data.workloads import build_workload, write_requests
+from batchgen.engine.config import CacheConfig, RunnerConfig, SchedulerConfig
+from batchgen.sim.calibrate import calibrate, read_run
+from batchgen.sim.engine import load_sim_model
+from batchgen.sim.hardware import load_hardware, write_hardware
+from batchgen.sim.lengths import Filler, MaxTokens
+from tests.tiny_models import make_tiny_hf_folder
+
+
+def test_a_calibrated_profile_predicts_another_configurations_run(tmp_path: Path) -> None:
+    model = make_tiny_hf_folder(tmp_path / "model", num_heads=4, num_kv_heads=2, hidden_size=64)
+    sim_model = load_sim_model(str(model))
+    requests = tmp_path / "requests.jsonl"
+    write_requests(requests, build_workload("single-turn", sim_model.tokenizer, num_requests=24, max_tokens=12))
+
+    def measure(max_num_seqs: int, out: Path | None = None, simulate: SimSpec | None = None) -> float:
+        (result,) = run_workload_bench(
+            model=str(model), workload="single-turn", num_requests=24, max_tokens=12,
+            scheduler_config=SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=256),
+            cache_config=CacheConfig(), runner_config=RunnerConfig(device="cpu"), requests_in=requests,
+            use_tqdm=False, clock="cpu", ignore_eos=True, simulate=simulate, out=out,
+        )
+        return result.wall_s
+
+    measure(8, tmp_path / "cal.json")  # calibration run: 24 requests, 8 at a time
+    fit = calibrate(read_run(tmp_path / "cal.json"), sim_model.shape, name="ci")
+    profile = write_hardware(tmp_path / "ci.yaml", fit.profile)
+    spec = SimSpec(sim_model, load_hardware(str(profile)),
+                   MaxTokens(Filler.for_tokenizer(sim_model.tokenizer, sim_model.config.eos_token_ids)))
+    for max_num_seqs in (2, 24):  # more steps with fewer sequences each, and one wave of all
+        predicted = measure(max_num_seqs, simulate=spec)
+        measured = measure(max_num_seqs)
+        assert predicted == pytest.approx(measured, rel=0.6), (max_num_seqs, predicted, measured)
