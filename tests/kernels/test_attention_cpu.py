@@ -126,6 +126,31 @@ def _shared_prefix_decode_batch(num_heads: int, num_kv_heads: int, head_dim: int
     return in_cpu_layout(batch)
 
 
+def _window_starts_in_a_shared_block_batch(num_heads: int, num_kv_heads: int, head_dim: int) -> Batch:
+    """Twelve decode rows; rows 0 and 1 share all their blocks but hold 100 and 103 tokens, so
+    that under a window of 40 both start in their shared block 3, at keys 12 and 15 of it: a
+    decode slice must not run them as one chunk there. The other ten make the batch's keys
+    large enough that rows 0 and 1 stay in one slice (on one thread)."""
+    context_lens = (99, 102, *range(90, 140, 5))
+    batch = make_batch((1,) * len(context_lens), context_lens, num_heads=num_heads, num_kv_heads=num_kv_heads,
+                       head_dim=head_dim, device=torch.device("cpu"))  # fmt: skip
+    batch.meta.block_tables[1, :7] = batch.meta.block_tables[0, :7]
+    return in_cpu_layout(batch)
+
+
+@pytest.mark.parametrize(("num_heads", "num_kv_heads"), [(4, 4), (16, 2)])
+def test_decode_rows_of_one_block_with_other_window_starts(num_heads: int, num_kv_heads: int) -> None:
+    batch = _window_starts_in_a_shared_block_batch(num_heads, num_kv_heads, 64)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        out = paged_attention(batch.query, batch.k_cache, batch.v_cache, batch.meta, batch.scale, backend="cpu",
+                              sliding_window=40)  # fmt: skip
+    finally:
+        torch.set_num_threads(before)
+    assert max_error(out, naive_attention(batch, sliding_window=40)) < 2e-5
+
+
 @pytest.mark.parametrize(("num_heads", "num_kv_heads"), HEADS)
 @pytest.mark.parametrize("block_size", [16, 8])
 def test_decode_over_shared_blocks_matches_reference(num_heads: int, num_kv_heads: int, block_size: int) -> None:

@@ -29,7 +29,11 @@ from .attention_cases import (
     run_cpu_module,
     with_query_gain,
 )
-from .test_attention_cpu import CASES, _shared_prefix_decode_batch
+from .test_attention_cpu import (
+    CASES,
+    _shared_prefix_decode_batch,
+    _window_starts_in_a_shared_block_batch,
+)
 
 
 def _has_avx512() -> bool:
@@ -89,3 +93,19 @@ def test_emulated_avx512_decode_over_shared_blocks(emulated: ModuleType, window:
     batch = _shared_prefix_decode_batch(16, 2, 128, 16)
     expected = naive_attention(batch, sliding_window=window, logits_soft_cap=cap)
     assert max_error(run_cpu_module(emulated, batch, sliding_window=window, logits_soft_cap=cap), expected) < 2e-5
+
+
+@pytest.mark.parametrize(("num_heads", "num_kv_heads"), [(4, 4), (16, 2)])
+def test_emulated_avx512_decode_chunks_split_at_window_starts(
+    emulated: ModuleType, num_heads: int, num_kv_heads: int
+) -> None:
+    """Two rows that share a block but start their windows at other keys of it run in separate
+    chunks of decode_rows (one chunk masks one key range)."""
+    batch = _window_starts_in_a_shared_block_batch(num_heads, num_kv_heads, 64)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)  # one slice holds both rows
+        out = run_cpu_module(emulated, batch, sliding_window=40)
+    finally:
+        torch.set_num_threads(before)
+    assert max_error(out, naive_attention(batch, sliding_window=40)) < 2e-5
