@@ -13,7 +13,15 @@ from batchgen._source_layout import install_source_layout
 
 __version__ = "0.1.0"
 
-__all__ = ["LLM", "CompletionOutput", "RequestOutput", "SamplingParams", "__version__", "generate"]
+__all__ = [
+    "LLM",
+    "CompletionOutput",
+    "RequestOutput",
+    "SamplingParams",
+    "StructuredOutputsParams",
+    "__version__",
+    "generate",
+]
 
 install_source_layout(_Path(__file__).resolve().parent)
 
@@ -22,6 +30,7 @@ __getattr__ = lazy_getattr(
     {
         "LLM": "llm",
         "SamplingParams": "engine.sampling_params",
+        "StructuredOutputsParams": "engine.structured.params",
         "RequestOutput": "engine.outputs",
         "CompletionOutput": "engine.outputs",
         "generate": "job.generate",

@@ -154,6 +154,9 @@ class LLM:
         engine = self.engine
         for _, token_ids in prompts:  # all or nothing: a bad prompt must not leave others queued
             engine.check_prompt(token_ids)
+        for params in params_list:  # a rejected schema too (compiled once, cached for add_request)
+            if params.structured is not None:
+                engine.structured.compile(params.structured)
         order: dict[int, int] = {}
         for i, ((text, token_ids), params) in enumerate(zip(prompts, params_list, strict=True)):
             order[engine.add_request(token_ids, params, prompt=text)] = i

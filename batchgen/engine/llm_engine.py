@@ -33,6 +33,8 @@ from batchgen.engine.scheduler import Scheduler
 from batchgen.engine.seeding import derive_seed
 from batchgen.engine.sequence import Sequence
 from batchgen.engine.step_plan import StepPlan, StepResult
+from batchgen.engine.structured.matchers import GrammarTarget
+from batchgen.engine.structured.runtime import PendingMask, StructuredOutputs
 from batchgen.engine.timeline import Timeline
 from batchgen.models.checkpoint import Checkpoint
 from batchgen.models.llama import LlamaModel
@@ -171,6 +173,13 @@ class LLMEngine:
             eos.add(self.tokenizer.eos_token_id)
         self.eos_token_ids = frozenset(eos)
         self.sampler = Sampler(self.eos_token_ids)
+        self._device = runner.device if isinstance(runner, ModelRunner) else torch.device("cpu")
+        self.structured = StructuredOutputs(
+            self.tokenizer,
+            vocab_size=checkpoint.config.vocab_size,
+            eos_token_ids=self.eos_token_ids,
+            cpu_unpack=self._device.type == "cpu",
+        )
         self.scheduler = Scheduler(
             scheduler_config, self.kv, max_model_len=self.max_model_len, eos_token_ids=self.eos_token_ids
         )
@@ -249,7 +258,8 @@ class LLMEngine:
         `params.prompt_logprobs` is set (the whole prompt is computed), else none.
 
         Raises ValueError if it cannot fit, asks for more logprobs than the vocabulary holds,
-        names token ids outside it, or bans every token it allows."""
+        names token ids outside it, or bans every token it allows; `StructuredOutputError` (a
+        ValueError) when the grammar engine rejects its `structured_outputs`."""
         self.check_prompt(prompt_token_ids)
         setup = check_request(
             params,
@@ -260,6 +270,8 @@ class LLMEngine:
             score_from=score_from,
         )
         score_from = setup.score_from
+        structured = params.structured
+        grammar = None if structured is None else self.structured.compile(structured)
         request_id = next(self._request_ids)
         base_seed = params.seed if params.seed is not None else derive_seed(self._seed, request_id)
         seqs = [
@@ -290,6 +302,8 @@ class LLMEngine:
         self._requests[request_id] = request
         for seq in seqs:
             self._seq_to_request[seq.seq_id] = request
+            if grammar is not None:
+                self.structured.add(seq.seq_id, grammar)
         self.scheduler.add(seqs[0], seqs[1:])
         self._prompt_tokens += len(prompt_token_ids)
         return request_id
@@ -356,6 +370,8 @@ class LLMEngine:
                     detok.finish()  # its stop string, if any, wins in _finish
                 elif matched is not None:
                     self.scheduler.finish(seq.seq_id, "stop", matched)
+            if not seq.is_finished and self.structured.is_complete(seq.seq_id):
+                self.scheduler.finish(seq.seq_id, "stop", None)  # nothing but EOS could follow
             touched[request.request_id] = request
         for request in touched.values():
             if all(s.is_finished for s in request.seqs):
@@ -389,9 +405,28 @@ class LLMEngine:
             num_attention_pairs=pairs,
         )
 
+    def _grammar_targets(self, plan: StepPlan) -> list[GrammarTarget]:
+        """The constrained sequences that draw a token in this step (at an n-sample fork, every
+        sample of the request)."""
+        targets: list[GrammarTarget] = []
+        for chunk in plan.chunks:
+            if chunk.num_samples == 0:
+                continue
+            seqs = self._seq_to_request[chunk.seq_id].seqs if chunk.num_samples > 1 else [self.scheduler.get(chunk.seq_id)]
+            targets.extend(
+                GrammarTarget(s.seq_id, s.token_ids, s.num_prompt_tokens)
+                for s in seqs
+                if self.structured.is_constrained(s.seq_id)
+            )
+        return targets
+
     def _run(self, plan: StepPlan) -> StepResult:
+        # The grammar masks are filled on a worker thread while the forward pass runs.
+        pending: PendingMask | None = self.structured.start_masks(self._grammar_targets(plan))
         step_logits = self._runner.execute(plan)
         if isinstance(step_logits, StepResult):
+            if pending is not None:
+                pending.result(self._device)  # let the worker finish before the next step
             return step_logits  # an injected runner that picks the tokens itself (the simulator)
         num_samples = {c.seq_id: c.num_samples for c in plan.chunks}
         requests: list[SampleRequest] = []
@@ -417,7 +452,12 @@ class LLMEngine:
                 owners.append(seq_id)
         if step_logits.prompt_logits is not None:
             self._collect_prompt_logprobs(step_logits)
-        result = self.sampler.sample(step_logits.logits, requests)
+        grammar = None if pending is None else pending.result(step_logits.logits.device)
+        result = self.sampler.sample(step_logits.logits, requests, grammar)
+        if grammar is not None:
+            for request_, token in zip(requests, result.token_ids, strict=True):
+                if request_.seq_id is not None and self.structured.is_constrained(request_.seq_id):
+                    self.structured.advance(request_.seq_id, token)
         sampled: dict[int, list[int]] = {}
         logprobs: dict[int, list[dict[int, float]]] = {}
         for seq_id, token, lp in zip(owners, result.token_ids, result.logprobs, strict=True):
@@ -469,10 +509,14 @@ class LLMEngine:
                     stop_reason=stop_reason,
                     logprobs=tuple(seq.logprobs) if request.params.logprobs is not None else None,
                     seed=seq.seed,
+                    grammar_completed=self.structured.is_accepting(seq.seq_id)
+                    if self.structured.is_constrained(seq.seq_id)
+                    else None,
                 )
             )
             self.scheduler.release(seq.seq_id)
             self.sampler.release(seq.seq_id)
+            self.structured.release(seq.seq_id)
             del self._seq_to_request[seq.seq_id]
         del self._requests[request.request_id]
         first_scheduled = request.first_scheduled_time

@@ -14,6 +14,8 @@ class CompletionOutput:
 
     stop_reason is the matched stop string or stop token id, None for EOS or length.
     logprobs, when asked for, holds per generated token a {token_id: logprob} dict.
+    grammar_completed: for a request with structured_outputs, whether the text is a complete
+    match of its grammar (False when max_tokens or a stop string cut it); None otherwise.
     """
 
     index: int
@@ -23,6 +25,7 @@ class CompletionOutput:
     stop_reason: str | int | None
     logprobs: tuple[dict[int, float], ...] | None = None
     seed: int = 0  # the seed this sample's draws were made from
+    grammar_completed: bool | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,10 +7,12 @@ none does; a batch without any of them pays nothing):
     2. logit_bias                        (`add_bias`)
     3. min_tokens                        (EOS and stop token ids -> -inf; `ban_tokens`)
     4. presence / frequency / repetition penalties   (`penalize`, over `TokenCounts`)
-    5. grammar mask                      (the slot for structured output, issue 22: a
-                                          processor that masks the tokens a row's grammar
-                                          forbids goes here, after the penalties and before
-                                          temperature; none yet)
+    5. grammar mask                      (structured output: each constrained row's tokens
+                                          that its grammar forbids -> -inf, one call over
+                                          those rows, `structured.mask.apply_grammar_mask`;
+                                          the engine's `GrammarMask`. Where the processors
+                                          before it left nothing the grammar allows, the
+                                          grammar wins: the row is its raw logits masked)
     6. temperature, then top-k, min-p, top-p
     7. sample: one batched argmax for greedy rows, an exponential race for sampled ones
 
@@ -40,6 +42,8 @@ from batchgen.engine.logits_processors import (
 )
 from batchgen.engine.sampling_params import SamplingParams
 from batchgen.engine.seeding import derive_seed
+from batchgen.engine.structured.mask import apply_grammar_mask
+from batchgen.engine.structured.runtime import GrammarMask
 from batchgen.engine.token_counts import TokenCounts
 from batchgen.kernels import argmax
 
@@ -103,8 +107,11 @@ class Sampler:
         if self._counts is not None:
             self._counts.release(seq_id)
 
-    def sample(self, logits: torch.Tensor, requests: Sequence[SampleRequest]) -> SampleResult:
-        """One token per request (several requests may share a row: the samples of one prompt)."""
+    def sample(
+        self, logits: torch.Tensor, requests: Sequence[SampleRequest], grammar: GrammarMask | None = None
+    ) -> SampleResult:
+        """One token per request (several requests may share a row: the samples of one prompt).
+        `grammar`: the allowed tokens of the constrained requests, by seq_id."""
         active = [i for i, r in enumerate(requests) if r.params.has_logits_processors]
         penalty_state: tuple[list[int], torch.Tensor] | None = None
         if active:
@@ -112,6 +119,8 @@ class Sampler:
             index = torch.tensor([r.row for r in requests], device=logits.device)
             scores = logits.index_select(0, index)
             penalty_state = self._process(scores, requests, active)
+            if grammar is not None and grammar.seq_ids:
+                _mask_grammar_rows(scores, logits, requests, grammar)
             rows = list(range(len(requests)))
         else:
             scores = logits
@@ -200,7 +209,7 @@ class Sampler:
         penalized = _penalty_rows(requests)
         if penalized:
             result = self._penalize(x, requests, penalized)
-        # 5. grammar mask: structured output (issue 22) plugs its processor in here.
+        # 5. grammar mask: `sample` applies it after this (it needs the raw logits too).
         return result
 
     def _penalize(
@@ -244,6 +253,20 @@ class Sampler:
         if request.seq_id is not None:
             self._tensors[request.seq_id] = tensors
         return tensors
+
+
+def _mask_grammar_rows(
+    x: torch.Tensor, raw: torch.Tensor, requests: Sequence[SampleRequest], grammar: GrammarMask
+) -> None:
+    """Step 5 on `x` (row i is request i): the grammar mask over the constrained requests, in one
+    call. A row that the earlier processors left without any token its grammar allows (say
+    allowed_token_ids outside the grammar) takes its raw logits masked by the grammar alone,
+    so that a constrained row always draws a token its grammar accepts."""
+    position = {r.seq_id: i for i, r in enumerate(requests) if r.seq_id is not None}
+    rows = [position[seq_id] for seq_id in grammar.seq_ids]
+    for k in apply_grammar_mask(x, torch.tensor(rows, device=x.device), grammar.allowed):
+        i = rows[k]
+        x[i] = raw[requests[i].row].masked_fill(~grammar.allowed[k], float("-inf"))
 
 
 def _state_key(request: SampleRequest, position: int) -> int:

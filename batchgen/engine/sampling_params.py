@@ -14,6 +14,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from batchgen._checks import is_int
+from batchgen.engine.structured.params import StructuredOutputsParams
 
 __all__ = [
     "MAX_ALLOWED_TOKEN_IDS",
@@ -92,6 +93,12 @@ class SamplingParams:
     its whole prompt (cached prompt tokens have no logits). `skip_special_tokens`: leave special
     tokens out of the output text. `include_stop_str_in_output`: keep a matched stop string at
     the end of the text.
+
+    `structured_outputs`: the output must match a JSON schema, a regex, one of a list of strings,
+    a grammar, or be any JSON object (`StructuredOutputsParams`, or a dict with one of its keys:
+    json, regex, choice, grammar, json_object). Its grammar mask runs after the penalties and
+    before temperature; EOS is allowed only where the grammar accepts, and the row finishes as
+    soon as its grammar is complete (finish_reason "stop"), or at max_tokens ("length").
     """
 
     n: int = 1
@@ -115,6 +122,7 @@ class SamplingParams:
     prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    structured_outputs: StructuredOutputsParams | Mapping[str, Any] | None = None
 
     def __post_init__(self) -> None:
         self._validate()
@@ -161,6 +169,15 @@ class SamplingParams:
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"SamplingParams.{name} must be a boolean, got {_short(getattr(self, name))}")
         self._validate_processors()
+        try:
+            StructuredOutputsParams.coerce(self.structured_outputs)
+        except ValueError as exc:
+            raise ValueError(f"SamplingParams.structured_outputs: {exc}") from exc
+
+    @property
+    def structured(self) -> StructuredOutputsParams | None:
+        """`structured_outputs` as a StructuredOutputsParams (a dict is converted)."""
+        return StructuredOutputsParams.coerce(self.structured_outputs)
 
     def _validate_processors(self) -> None:
         for name in ("presence_penalty", "frequency_penalty"):
@@ -272,6 +289,7 @@ class SamplingParams:
             or bool(self.logit_bias)
             or self.allowed_token_ids is not None
             or bool(self.bad_words)
+            or self.structured_outputs is not None
         )
 
     @classmethod
@@ -283,7 +301,13 @@ class SamplingParams:
             raise ValueError(
                 f"unknown sampling parameter(s) {', '.join(unknown)}; expected some of {', '.join(sorted(known))}"
             )
-        return cls(**{k: v for k, v in values.items() if v is not None or k == "seed"})
+        given = {k: v for k, v in values.items() if v is not None or k == "seed"}
+        if "structured_outputs" in given:
+            try:
+                given["structured_outputs"] = StructuredOutputsParams.coerce(given["structured_outputs"])
+            except ValueError as exc:
+                raise ValueError(f"SamplingParams.structured_outputs: {exc}") from exc
+        return cls(**given)
 
     def replace(self, **changes: Any) -> SamplingParams:
         """A copy with some fields changed (validated again)."""

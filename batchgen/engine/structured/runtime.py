@@ -1,0 +1,176 @@
+"""Structured output inside the engine: compile at submission, masks while the forward pass runs.
+
+`StructuredOutputs` is what `LLMEngine` holds: the tokenizer adapter and compile cache (built at
+the first constrained request, so an engine that never sees one never imports llguidance), the
+per-sequence matchers (`GrammarMatchers`, the one owner of that state) and one worker thread.
+A step goes:
+
+    start_masks(targets)        before the forward pass: the constrained sequences that draw a
+                                token; their bitmasks are filled (and, for a CPU model,
+                                unpacked) on the worker thread while the model runs
+    pending.result(device)      after it: a `GrammarMask` for the sampler's grammar slot
+    advance(seq_id, token)      each constrained sequence's sampled token
+    is_complete(seq_id)         the grammar admits nothing more: the engine finishes the row
+
+A step without constrained sequences starts nothing and costs nothing. Counters in `stats()`:
+rows masked, the worker's fill time, and the time the step waited for it after the forward pass.
+
+May import: torch, batchgen.tokenizer, batchgen.engine.structured.*. Never the scheduler or a
+Sequence (targets come in as `GrammarTarget`s).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Collection, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+
+import torch
+
+from batchgen.engine.structured.grammar import CompiledGrammar, GrammarCompiler, GrammarTokenizer
+from batchgen.engine.structured.mask import unpack_bitmask
+from batchgen.engine.structured.matchers import GrammarMatchers, GrammarTarget
+from batchgen.engine.structured.params import StructuredOutputsParams
+from batchgen.tokenizer.tokenizer import Tokenizer
+
+__all__ = ["GrammarMask", "PendingMask", "StructuredOutputs", "StructuredStats"]
+
+
+@dataclass(frozen=True, slots=True)
+class GrammarMask:
+    """The allowed tokens of one step's constrained sequences: `allowed` bool [k, vocab] on the
+    logits' device, row i for sequence seq_ids[i]."""
+
+    seq_ids: tuple[int, ...]
+    allowed: torch.Tensor
+
+
+@dataclass(frozen=True, slots=True)
+class StructuredStats:
+    """num_masked_steps: steps with constrained rows; num_masked_rows: rows masked in all;
+    fill_s: the worker's time filling and unpacking masks; wait_s: the time steps waited for
+    the worker after their forward pass (what the masks cost a step's latency)."""
+
+    num_masked_steps: int
+    num_masked_rows: int
+    fill_s: float
+    wait_s: float
+    num_compiled: int
+    num_cache_hits: int
+    num_rebuilds: int
+    num_rejected: int
+
+
+class PendingMask:
+    """Masks being filled on the worker thread; `result` waits for them."""
+
+    def __init__(self, owner: StructuredOutputs, seq_ids: tuple[int, ...], future: Future[torch.Tensor]) -> None:
+        self._owner = owner
+        self.seq_ids = seq_ids
+        self._future = future
+
+    def result(self, device: torch.device) -> GrammarMask:
+        """The masks on `device` (waits for the worker; re-raises its exception). Packed
+        bitmasks (a GPU engine's) are unpacked there."""
+        t = time.perf_counter()
+        allowed = self._future.result()
+        self._owner._waited(time.perf_counter() - t)
+        allowed = allowed.to(device)
+        if allowed.dtype != torch.bool:
+            allowed = unpack_bitmask(allowed, self._owner.vocab_size)
+        return GrammarMask(self.seq_ids, allowed)
+
+
+class StructuredOutputs:
+    """The engine's structured-output state. `vocab_size`: the logits' width; `eos_token_ids`:
+    the model's. Not thread-safe beyond its own worker: the engine's thread calls every method."""
+
+    def __init__(self, tokenizer: Tokenizer, *, vocab_size: int, eos_token_ids: Collection[int], cpu_unpack: bool) -> None:
+        """cpu_unpack: unpack bitmasks on the worker thread (a CPU model; a GPU unpacks them
+        itself, faster than it could copy the unpacked masks)."""
+        self._tokenizer = tokenizer
+        self.vocab_size = vocab_size
+        self._eos_token_ids = tuple(sorted(eos_token_ids))
+        self._cpu_unpack = cpu_unpack
+        self._compiler: GrammarCompiler | None = None
+        self._matchers: GrammarMatchers | None = None
+        self._worker: ThreadPoolExecutor | None = None
+        self._num_masked_steps = 0
+        self._num_masked_rows = 0
+        self._fill_s = 0.0
+        self._wait_s = 0.0
+
+    # ------------------------------------------------------------ requests
+    def compile(self, params: StructuredOutputsParams) -> CompiledGrammar:
+        """The compiled grammar (cached by canonical text). Raises StructuredOutputError with the
+        grammar engine's reason."""
+        if self._compiler is None:
+            adapter = GrammarTokenizer(self._tokenizer, vocab_size=self.vocab_size, eos_token_ids=self._eos_token_ids)
+            self._compiler = GrammarCompiler(adapter)
+            self._matchers = GrammarMatchers(adapter)
+        return self._compiler.compile(params)
+
+    def add(self, seq_id: int, grammar: CompiledGrammar) -> None:
+        assert self._matchers is not None, "compile() comes first"
+        self._matchers.add(seq_id, grammar)
+
+    def release(self, seq_id: int) -> None:
+        if self._matchers is not None:
+            self._matchers.release(seq_id)
+
+    def is_constrained(self, seq_id: int) -> bool:
+        return self._matchers is not None and seq_id in self._matchers
+
+    # ---------------------------------------------------------------- step
+    def start_masks(self, targets: Sequence[GrammarTarget]) -> PendingMask | None:
+        """Fill the targets' masks on the worker thread (None, and nothing started, for none).
+        No other method may run until the result is taken."""
+        if not targets:
+            return None
+        assert self._matchers is not None
+        if self._worker is None:
+            self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="batchgen-grammar")
+        self._num_masked_steps += 1
+        self._num_masked_rows += len(targets)
+        future = self._worker.submit(self._fill, list(targets))
+        return PendingMask(self, tuple(t.seq_id for t in targets), future)
+
+    def _fill(self, targets: list[GrammarTarget]) -> torch.Tensor:
+        t = time.perf_counter()
+        assert self._matchers is not None
+        bitmask = self._matchers.fill_bitmask(targets)
+        # A GPU engine gets the packed masks (a copy: the buffer is reused by the next fill).
+        result = unpack_bitmask(bitmask, self.vocab_size) if self._cpu_unpack else bitmask.clone()
+        self._fill_s += time.perf_counter() - t
+        return result
+
+    def _waited(self, seconds: float) -> None:
+        self._wait_s += seconds
+
+    def advance(self, seq_id: int, token: int) -> bool:
+        """A constrained sequence drew `token`; False when its grammar refuses it."""
+        assert self._matchers is not None
+        return self._matchers.advance(seq_id, token)
+
+    def is_complete(self, seq_id: int) -> bool:
+        """The sequence is constrained and its grammar admits nothing more but EOS."""
+        return self.is_constrained(seq_id) and self._matchers is not None and self._matchers.is_complete(seq_id)
+
+    def is_accepting(self, seq_id: int) -> bool:
+        """The constrained sequence's output so far is a complete match."""
+        assert self._matchers is not None
+        return self._matchers.is_accepting(seq_id)
+
+    def stats(self) -> StructuredStats:
+        compiler, matchers = self._compiler, self._matchers
+        return StructuredStats(
+            num_masked_steps=self._num_masked_steps,
+            num_masked_rows=self._num_masked_rows,
+            fill_s=self._fill_s,
+            wait_s=self._wait_s,
+            num_compiled=0 if compiler is None else compiler.num_compiled,
+            num_cache_hits=0 if compiler is None else compiler.num_cache_hits,
+            num_rebuilds=0 if matchers is None else matchers.num_rebuilds,
+            num_rejected=0 if matchers is None else matchers.num_rejected,
+        )
