@@ -75,10 +75,12 @@ class Bench:
         self.metadata = importlib.import_module(kernels.__name__ + ".metadata")
         self.has_options = "sliding_window" in inspect.signature(self.cpu.paged_attention_cpu).parameters
 
-    def meta(self, query_lens: list[int], seq_lens: list[int], gen: torch.Generator) -> object:
-        """Each sequence gets its own blocks, drawn at random from the whole pool."""
+    def meta(
+        self, query_lens: list[int], seq_lens: list[int], gen: torch.Generator, num_blocks: int = NUM_BLOCKS
+    ) -> object:
+        """Each sequence gets its own blocks, drawn at random from the whole pool (of num_blocks)."""
         max_blocks = (max(seq_lens) + BLOCK - 1) // BLOCK
-        perm = torch.randperm(NUM_BLOCKS, generator=gen).to(torch.int32)
+        perm = torch.randperm(num_blocks, generator=gen).to(torch.int32)
         tables = torch.zeros(len(seq_lens), max_blocks, dtype=torch.int32)
         used = 0
         for s, n in enumerate(seq_lens):
@@ -216,9 +218,9 @@ def _head_dim_cases(bench: Bench, gen: torch.Generator, kernel_only: bool) -> No
     for shape in (Shape(32, 8, 128), Shape(8, 4, 256)):
         scale = shape.head_dim**-0.5
         seq_lens = torch.randint(100, 1300, (64,), generator=gen).tolist()
-        num_blocks = sum((n + BLOCK - 1) // BLOCK for n in seq_lens) + 64
-        k_cache, v_cache = bench.pool(shape, min(num_blocks, NUM_BLOCKS))
-        meta = bench.meta([1] * 64, seq_lens, gen)
+        num_blocks = min(sum((n + BLOCK - 1) // BLOCK for n in seq_lens) + 64, NUM_BLOCKS)
+        k_cache, v_cache = bench.pool(shape, num_blocks)
+        meta = bench.meta([1] * 64, seq_lens, gen, num_blocks)
         query = torch.randn(64, shape.heads, shape.head_dim)
         secs = _best_of(functools.partial(bench.cpu.paged_attention_cpu, query, k_cache, v_cache, meta, scale))
         gb = sum(seq_lens) * shape.kv_heads * shape.head_dim * 2 * 4 / 1e9
@@ -226,7 +228,7 @@ def _head_dim_cases(bench: Bench, gen: torch.Generator, kernel_only: bool) -> No
             f"decode, batch 64, {shape.heads}/{shape.kv_heads} heads, head_dim {shape.head_dim}, one layer: "
             f"kernel {secs * 1e3:.2f} ms ({gb / secs:.1f} GB/s)"
         )
-        pmeta = bench.meta([256] * 4, [256 + 300] * 4, gen)
+        pmeta = bench.meta([256] * 4, [256 + 300] * 4, gen, num_blocks)
         q = torch.randn(4 * 256, shape.heads, shape.head_dim)
         flop = _prefill_flop(4, 256, 300, shape)
         paths = [("kernel", bench.cpu.paged_attention_cpu)]
