@@ -82,8 +82,8 @@ def test_model_packs_on_cpu_float32_and_the_torch_backend_keeps_the_reference(tm
         )  # fmt: skip
 
     fast, reference = build(None), build("torch")
-    assert fast.packed_linear and isinstance(fast.layers[0].qkv, PackedLinear) and isinstance(fast.lm_head, PackedLinear)
-    assert fast.layers[0].qkv.library == packed_linear_library()
+    assert fast.packed_linear and isinstance(fast.layers[0].attention.qkv, PackedLinear) and isinstance(fast.lm_head, PackedLinear)
+    assert fast.layers[0].attention.qkv.library == packed_linear_library()
     assert isinstance(fast.embed, torch.Tensor)  # the embedding lookup needs the plain (tied) matrix
-    assert not reference.packed_linear and isinstance(reference.layers[0].qkv, torch.Tensor)
+    assert not reference.packed_linear and isinstance(reference.layers[0].attention.qkv, torch.Tensor)
     assert not build(None, torch.bfloat16).packed_linear
