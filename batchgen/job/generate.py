@@ -96,6 +96,8 @@ class TableGenerator:
         self._include_logprobs = include_logprobs
         checkpoint = load_checkpoint(model)
         self._engine = LLMEngine.from_configs(checkpoint, engine_config, seed=seed)
+        if self._params.structured is not None:  # a rejected schema fails the call, not each row
+            self._engine.structured.compile(self._params.structured)
         self._preparer = RowPreparer(
             checkpoint.tokenizer,
             self._params,
@@ -214,7 +216,8 @@ def generate(
     `logprobs` when asked). Bad rows get an `error` instead of failing the call. Each row's
     seed derives from `seed` and the row's value in `id_column` (as in a job, where a duplicate
     id is an error row), or its position in the table when `id_column` is None. Unknown keyword
-    arguments raise TypeError; bad values raise ValueError.
+    arguments raise TypeError; bad values raise ValueError (a `sampling.structured_outputs`
+    that the grammar engine rejects included; a per-row one is a `bad_structured_output` row).
     """
     generator = TableGenerator(
         model=model,

@@ -8,7 +8,7 @@ by reading the committed file back (`batchgen.job.resume`).
 Setup (exit code 2 in the CLI: `InputError`, `ConfigChangedError`) happens before anything in
 the output folder changes: inputs listed and checked, the output folder checked to lie outside
 the input set, then locked for the whole run (`OutputLock`), the device and the model checked
-and loaded, the manifest opened. Failures after that are `JobError` (exit code 1), with the
+and loaded, a job-level `sampling.structured_outputs` compiled, the manifest opened. Failures after that are `JobError` (exit code 1), with the
 uncommitted outputs removed.
 
 Planning (`planned_job`), the engine setup and the file source/sink (`batchgen.job.files`) are
@@ -59,6 +59,7 @@ from batchgen.job.prepare import RowPreparer
 from batchgen.job.resume import ConfigChangedError, bad_shard, open_manifest, plan_resume
 from batchgen.job.setup import check_device, load_model
 from batchgen.job.stages import JobError, PipelineOptions, ShardMeta, Sink, Source
+from batchgen.job.structured_rows import check_job_structured_outputs
 from batchgen.job.summary import JobSummary, make_summary
 from batchgen.job.timeline_file import TimelineFile, describe_environment, new_run_id
 from batchgen.models.checkpoint import Checkpoint
@@ -231,6 +232,7 @@ def planned_job(config: JobConfig, *, restart: bool = False) -> Iterator[JobPlan
     with OutputLock(out_dir, folder.lock_name):
         check_device(config)
         checkpoint = load_model(config)
+        check_job_structured_outputs(config.sampling, checkpoint, source=str(config.source))
         fingerprint = job_fingerprint(config, checkpoint)
         try:
             manifest = open_manifest(

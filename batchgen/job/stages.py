@@ -121,6 +121,9 @@ class PipelineStats:
     # Shards skipped under on_bad_shard: skip, by name: the read error. Written by the read
     # stage, read by the write stage (both on the event loop).
     bad_shards: dict[str, str] = field(default_factory=dict)
+    # Output rows under structured_outputs: constrained, completed, cut_by_length
+    # (`batchgen.job.structured_rows`). Written by the engine stage.
+    structured_outputs: Counter[str] = field(default_factory=Counter)
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,6 +12,7 @@ from typing import Any
 from batchgen.job.prepare import MAX_TRACKED_IDS
 from batchgen.job.shard_assembly import achieved_hit_rate, ideal_hit_rate
 from batchgen.job.stages import PipelineStats
+from batchgen.job.structured_rows import STRUCTURED_COUNT_KEYS
 
 __all__ = ["JobSummary", "make_summary"]
 
@@ -45,6 +46,12 @@ class JobSummary:
             f"{'preemptions':<28}{d['preemptions']}",
             f"{'prefix hit rate':<28}{d['prefix_hit_rate']['achieved']:.1%} (ideal {d['prefix_hit_rate']['ideal']:.1%})",
         ]
+        structured = d.get("structured_outputs", {})
+        if structured.get("constrained"):
+            lines.append(
+                f"{'structured output rows':<28}{structured['constrained']} ({structured['completed']} completed "
+                f"their grammar, {structured['cut_by_length']} cut by length)"
+            )
         return "\n".join(lines)
 
 
@@ -98,5 +105,6 @@ def make_summary(
                 "total": engine.get("num_kv_blocks", 0),
                 "peak_used": engine.get("peak_kv_blocks_used", 0),
             },
+            "structured_outputs": {k: stats.structured_outputs.get(k, 0) for k in STRUCTURED_COUNT_KEYS},
         }
     )

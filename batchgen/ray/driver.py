@@ -76,6 +76,7 @@ class _Totals:
         s.num_output_rows += part.num_output_rows
         s.rows_by_status.update(part.rows_by_status)
         s.error_codes.update(part.error_codes)
+        s.structured_outputs.update(part.structured_outputs)
         s.prompt_tokens += part.prompt_tokens
         s.cached_tokens += part.cached_tokens
         s.output_tokens += part.output_tokens

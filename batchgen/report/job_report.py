@@ -105,8 +105,21 @@ def _summary_table(d: dict[str, Any]) -> str:
             ("preemptions", d.get("preemptions")),
             ("prefix hit rate", f"{hit.get('achieved', 0.0):.1%} (ideal {hit.get('ideal', 0.0):.1%})"),
             ("KV blocks", f"{kv.get('peak_used', 0):,} peak used of {kv.get('total', 0):,}"),
+            *_structured_rows(d.get("structured_outputs", {})),
         ]
     )
+
+
+def _structured_rows(counts: dict[str, Any]) -> list[tuple[str, Any]]:
+    """Rows under structured_outputs: how many completed their grammar, how many max_tokens
+    cut (none when the run constrained nothing)."""
+    if not counts.get("constrained"):
+        return []
+    return [
+        ("structured output rows", f"{counts['constrained']:,}"),
+        ("completed their grammar", f"{counts.get('completed', 0):,}"),
+        ("cut by length", f"{counts.get('cut_by_length', 0):,}"),
+    ]
 
 
 def _simulated(sim: dict[str, Any]) -> list[str]:
