@@ -84,6 +84,7 @@ from typing import Any, Literal, get_args
 from batchgen._checks import check_int
 from batchgen.engine.config import CacheConfig, RunnerConfig, SchedulerConfig
 from batchgen.engine.sampling_params import SamplingParams
+from batchgen.engine.structured.params import StructuredOutputsParams
 from batchgen.io import ColumnMap, resolve_path
 from batchgen.io.openai_batch import DEFAULT_MAX_LINE_BYTES
 
@@ -293,6 +294,11 @@ def _sampling_fingerprint(params: SamplingParams) -> dict[str, Any]:
     result: dict[str, Any] = {}
     for field in fields(SamplingParams):
         value = getattr(params, field.name)
+        if field.name == "structured_outputs":  # issue 22: only when set, as {kind: value}
+            structured = StructuredOutputsParams.coerce(value)
+            if structured is None:
+                continue
+            value = structured.to_dict()
         if field.name == "stop":
             value = list(params.stop_strings)
         elif field.name == "stop_token_ids":

@@ -168,6 +168,9 @@ def _sampling(data: Mapping[str, Any]) -> SamplingParams:
     try:
         return SamplingParams.from_mapping(values)
     except (ValueError, TypeError) as exc:
+        structured = "SamplingParams.structured_outputs: "
+        if str(exc).startswith(structured):
+            raise ValueError("sampling.structured_outputs: " + str(exc)[len(structured) :]) from exc
         raise ValueError(_rekey(ValueError(str(exc)), "sampling")) from exc
 
 

@@ -38,6 +38,7 @@ from batchgen.job.stages import (
     Sink,
     Source,
 )
+from batchgen.job.structured_rows import count_structured, request_error
 from batchgen.radix import prefix_order, trie_token_count
 
 __all__ = ["run_pipeline", "run_pipeline_sync"]
@@ -128,7 +129,7 @@ async def run_pipeline(
             tg.start_soon(_read, source, shards, options, stats, send_batches)
             tg.start_soon(_prepare, preparer, options, recv_batches, send_rows)
             tg.start_soon(_order, options, stats, recv_rows, send_windows)
-            tg.start_soon(_engine_loop, engine, options, progress, recv_windows, send_results)
+            tg.start_soon(_engine_loop, engine, options, progress, recv_windows, send_results, stats)
             tg.start_soon(write_stage, sink, shards, options, stats, progress, recv_results)
         committed = True
     finally:
@@ -279,8 +280,10 @@ async def _engine_loop(
     progress: Progress,
     recv: MemoryObjectReceiveStream[list[PreparedRow]],
     send: ObjectSendStream[list[RowResult]],
+    stats: PipelineStats,
 ) -> None:
-    """Feed the engine from the stream, step it in a worker thread, emit finished rows."""
+    """Feed the engine from the stream, step it in a worker thread, emit finished rows
+    (counting the structured-output ones in `stats`)."""
     in_flight: dict[int, PreparedRow] = {}
     pending: list[PreparedRow] = []
     # Enough queued work for the scheduler to fill its budget; the rest waits in the stream.
@@ -314,7 +317,7 @@ async def _engine_loop(
                 try:
                     request_id = engine.add_request(list(row.token_ids), row.params.replace(seed=row.seed))
                 except ValueError as exc:
-                    results.append(RowResult(row, _error_outputs(row, RowError("invalid_request", str(exc)))))
+                    results.append(RowResult(row, _error_outputs(row, request_error(exc))))
                     continue
                 in_flight[request_id] = row
             if results:
@@ -331,6 +334,7 @@ async def _engine_loop(
                 done = []
                 for out in finished:
                     row = in_flight.pop(out.request_id)
+                    count_structured(stats.structured_outputs, out)
                     done.append(RowResult(row, _success_outputs(row, out, options)))
                 engine.timeline.record_rows(now=engine.clock(), num_ok=len(done), num_error=0)
                 await send.send(done)

@@ -35,6 +35,7 @@ from batchgen.engine.sampling_params import SamplingParams
 from batchgen.engine.seeding import derive_seed
 from batchgen.job.length_policy import LengthPolicy, PolicyName
 from batchgen.job.row_error import RowError
+from batchgen.job.structured_rows import sampling_params_error
 from batchgen.tokenizer.chat_template import (
     ChatTemplateError,
     ChatTemplateTooLong,
@@ -241,14 +242,14 @@ class RowPreparer:
             return self._sampling, None
         if not isinstance(value, Mapping):
             return None, RowError("invalid_sampling_params", f"expected a struct, got {type(value).__name__}")
-        changes = {k: _plain_value(k, v) for k, v in value.items() if not _is_missing(v)}
+        changes = {k: _plain_value(k, v) for k, v in value.items() if not _is_missing(v) and not _is_unset_struct(k, v)}
         if not changes:
             return self._sampling, None
         try:
             merged = {**_as_dict(self._sampling), **changes}
             return SamplingParams.from_mapping(merged), None
         except (ValueError, TypeError) as exc:
-            return None, RowError("invalid_sampling_params", str(exc))
+            return None, sampling_params_error(str(exc))
 
     def _token_ids(self, value: Any) -> tuple[list[int], RowError | None]:
         if value is None:
@@ -318,6 +319,12 @@ _INT_FIELDS = frozenset({"n", "max_tokens", "top_k", "seed", "logprobs"})
 
 def _is_missing(value: Any) -> bool:
     return value is None or (isinstance(value, float) and math.isnan(value))
+
+
+def _is_unset_struct(name: str, value: Any) -> bool:
+    """A per-row structured_outputs struct with no kind set (every field null, json_object
+    false): the row keeps the job's setting, like a null struct."""
+    return name == "structured_outputs" and isinstance(value, Mapping) and all(v is None or v is False for v in value.values())
 
 
 def _plain_value(name: str, value: Any) -> Any:

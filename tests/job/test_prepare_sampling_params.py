@@ -72,7 +72,9 @@ def check_rows(rows: list[PreparedRow], num_rows: int) -> None:
     assert len(rows) == num_rows
     for row in rows:
         if row.error is not None:
-            assert row.error.code == "invalid_sampling_params", row.error
+            # a malformed structured_outputs has its own code (issue 22)
+            structured = row.error.message.startswith("SamplingParams.structured_outputs")
+            assert row.error.code == ("bad_structured_output" if structured else "invalid_sampling_params"), row.error
             assert row.params is None and row.token_ids is None
             continue
         params = row.params
