@@ -40,6 +40,7 @@ import pyarrow as pa
 
 from .errors import InputError
 from .identity import InputIdentity
+from .openai_response_format import STRUCTURED_OUTPUTS_TYPE, structured_outputs_from_response_format
 from .reader import ShardInfo, check_unchanged
 from .schema import ColumnMap
 
@@ -90,6 +91,7 @@ _SAMPLING_TYPE = pa.struct(
         pa.field("seed", pa.int64()),
         pa.field("stop", pa.list_(pa.string())),
         pa.field("logprobs", pa.int64()),
+        pa.field("structured_outputs", STRUCTURED_OUTPUTS_TYPE),
     ]
 )
 _MESSAGE_TYPE = pa.struct([pa.field("role", pa.string()), pa.field("content", pa.string())])
@@ -119,7 +121,6 @@ _NEUTRAL: dict[str, tuple[Any, ...]] = {
     "echo": (False, None),
     "best_of": (1, None),
     "suffix": (None, ""),
-    "response_format": ({"type": "text"}, None),
     "tools": ([], None),
     "tool_choice": ("none", None),
     "parallel_tool_calls": (None, True, False),
@@ -131,9 +132,11 @@ _IGNORED = frozenset({"model", "user", "metadata", "store", "service_tier"})
 SUPPORTED_BODY_FIELDS = {
     CHAT_URL: (
         "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "n", "stop",
-        "seed", "logprobs", "top_logprobs",
+        "seed", "logprobs", "top_logprobs", "response_format",
     ),
-    COMPLETIONS_URL: ("prompt", "max_tokens", "temperature", "top_p", "n", "stop", "seed", "logprobs"),
+    COMPLETIONS_URL: (
+        "prompt", "max_tokens", "temperature", "top_p", "n", "stop", "seed", "logprobs", "response_format",
+    ),
 }
 
 
@@ -299,6 +302,13 @@ def _sampling(body: Mapping[str, Any], url: str) -> dict[str, Any]:
             params[name] = number
         elif key in _FLOAT_FIELDS:
             params[_FLOAT_FIELDS[key]] = _number(body, key)
+        elif key == "response_format":
+            try:
+                structured = structured_outputs_from_response_format(value)
+            except ValueError as exc:
+                raise _BadRequest("invalid_request", str(exc)) from None
+            if structured is not None:
+                params["structured_outputs"] = structured
         elif key == "stop":
             stops = [value] if isinstance(value, str) else value
             if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
