@@ -86,9 +86,12 @@ def read_run(path: Path) -> RunRecord:
     engine = run.get("engine", {})
     config = run.get("config", {})
     cache = config.get("cache", {}) if isinstance(config, dict) else {}
-    model = run.get("model_path", run.get("model"))
+    model = run.get("model")
     if isinstance(model, str) and model.startswith("built-in"):
         model = None
+    base_dir = config.get("base_dir") if isinstance(config, dict) else None
+    if isinstance(model, str) and base_dir and not Path(model).expanduser().is_absolute():
+        model = str(Path(base_dir) / model)  # a job file's model path is relative to its folder
     table = pq.read_table(timeline_path)
     if "attention_pairs" not in table.column_names:
         raise ValueError(f"{timeline_path}: written before the timeline held attention work; rerun the job")

@@ -19,6 +19,7 @@ May import: batchgen.job, batchgen.engine, batchgen.io, batchgen.sim.
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -207,7 +208,7 @@ def simulate_job(
         "run_id": run_id,
         "run_index": 0,
         "model": config.model or "built-in SmolLM2-135M-Instruct",
-        "config": _jsonable(dataclasses.asdict(config)),
+        "config": json.loads(json.dumps(dataclasses.asdict(config), default=str)),
         "engine": {
             "device": f"simulated {hardware.name}",
             "dtype": f"{hardware.dtype_bytes}-byte",
@@ -244,12 +245,3 @@ def write_simulation(result: SimulationResult, out_dir: Path) -> Path:
     write_parquet_atomic(out_dir / TIMELINE_NAME, result.timeline)
     return out_dir
 
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, list | tuple | set | frozenset):
-        return [_jsonable(v) for v in value]
-    if value is None or isinstance(value, bool | int | float | str):
-        return value
-    return str(value)
