@@ -75,11 +75,12 @@ class ModelRunner:
 
     @staticmethod
     def kv_bytes_per_block(model: LlamaModel, block_size: int) -> int:
-        return model.kv_bytes_per_token * block_size
+        return int(model.kv_bytes_per_token) * block_size
 
     @property
     def device(self) -> torch.device:
-        return self.model.device
+        device: torch.device = self.model.device
+        return device
 
     def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
         """Copy whole KV blocks src -> dst in every layer (forked samples' partial blocks)."""
