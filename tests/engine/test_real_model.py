@@ -12,6 +12,9 @@ import torch
 from batchgen import LLM, SamplingParams
 from batchgen.models.checkpoint import default_model_path
 
+# The real model (a few seconds to load, minutes of CPU for its forwards): -m "not slow" leaves it out.
+pytestmark = pytest.mark.slow
+
 QUESTIONS = [
     ("What is the capital of France?", "paris"),
     ("What is 2 + 2?", "4"),

@@ -86,6 +86,7 @@ def test_timeline_totals_equal_summary_and_rows_stay_bounded(
     assert summary["run"]["machine"]["torch_threads"] == 1
 
 
+@pytest.mark.slow  # a job run in a subprocess
 def test_kill_during_timeline_save_then_resume_keeps_both_runs(
     tmp_path: Path, model_dir: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

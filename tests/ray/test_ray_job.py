@@ -225,6 +225,7 @@ def _cli_killed(job: Job, ray_runtime: Any, out: str, note: Path, k: int) -> sub
     )
 
 
+@pytest.mark.slow  # a job run in a subprocess
 def test_driver_sigkill_then_rerun_resumes(ray_runtime: Any, job: Job, tmp_path: Path) -> None:
     out_dir = job.folder / "out-driver"
     note = tmp_path / "recorded.json"
@@ -309,6 +310,7 @@ def test_a_shard_unreadable_mid_read_stops_the_job_under_fail(
     assert json.loads((out_dir / "manifest.json").read_text())["bad_shards"] == {}
 
 
+@pytest.mark.slow  # a job run in a subprocess
 def test_losing_the_nodes_ray_processes_ends_the_run_then_a_rerun_finishes(
     ray_runtime: Any, job: Job, tmp_path: Path
 ) -> None:

@@ -9,12 +9,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.job.helpers import make_prompt_shards, subprocess_env, write_job
 
 ROOT = Path(__file__).resolve().parents[2]
 _HIDE_RAY = "import sys; sys.modules['ray'] = None; from batchgen.cli.main import main; sys.exit(main(sys.argv[1:]))"
 
 
+@pytest.mark.slow  # a job run in a subprocess
 def test_without_ray_the_job_says_how_to_install_it(tmp_path: Path) -> None:
     make_prompt_shards(tmp_path / "in", num_shards=1, rows_per_shard=2)
     job = write_job(
