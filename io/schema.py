@@ -8,10 +8,16 @@ Invariants:
 - Output columns, in order: ``id``, ``sample_index``, the passthrough columns (their input
   types), ``output``, ``finish_reason``, ``stop_reason``,
   ``usage{prompt_tokens, completion_tokens, cached_tokens}``, ``error{code, message}``, ``seed``,
-  then optionally ``output_token_ids`` and ``logprobs``.
+  then optionally ``output_token_ids`` and ``logprobs``. A scoring job (``task: score``) has
+  ``score_logprob_sum`` (float64, natural log), ``score_num_tokens`` (int32) and
+  ``score_perplexity`` (float64, exp(-sum / num_tokens)) after ``seed``, then optionally
+  ``output_token_ids`` (the completion's tokens) and ``score_token_logprobs`` (list<float32>);
+  its rows have finish_reason "scored", ``output`` null, ``usage.completion_tokens`` the
+  number of tokens scored.
 - Types are fixed up front from the input's id type and passthrough types: a success row and an
   error row have the same types, so any mix of them forms one batch and one shard.
-- ``error`` is null exactly on success rows (``finish_reason`` "stop" or "length");
+- ``error`` is null exactly on success rows (``finish_reason`` "stop", "length" or "scored");
+  the score columns are null on error rows;
   ``usage`` is never null.
 - A passthrough column may not carry the name of an output column.
 
@@ -20,6 +26,7 @@ May import: the standard library and pyarrow. Nothing of batchgen, no torch.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -29,14 +36,17 @@ import pyarrow as pa
 __all__ = [
     "FINISH_REASONS",
     "OUTPUT_COLUMNS",
+    "SCORE_COLUMNS",
     "ColumnMap",
+    "EchoPrompt",
     "OutputRow",
     "output_schema",
     "passthrough_fields",
     "rows_to_batch",
 ]
 
-FINISH_REASONS = ("stop", "length", "error")
+FINISH_REASONS = ("stop", "length", "scored", "error")
+SCORE_COLUMNS = ("score_logprob_sum", "score_num_tokens", "score_perplexity", "score_token_logprobs")
 
 # Every name the output schema may use; passthrough columns must avoid all of them.
 OUTPUT_COLUMNS = (
@@ -50,6 +60,7 @@ OUTPUT_COLUMNS = (
     "seed",
     "output_token_ids",
     "logprobs",
+    *SCORE_COLUMNS,
 )
 
 _USAGE_TYPE = pa.struct(
@@ -80,6 +91,10 @@ class ColumnMap:
     `messages`, each row using the one that is not null; a row whose `row_error` is not null
     becomes an error row. `sampling_params`, when set, is a struct column of per-row overrides.
     `passthrough` columns are copied to the output unchanged, in this order.
+    `completion` (scoring jobs) holds the text scored after each row's prompt, or a whole chat
+    whose last (assistant) message is scored; with it, at most one prompt role is set (none
+    when the completions are chats). `echo` (from the OpenAI batch reader) marks the rows that
+    echo their prompt: "echo" (prompt, then the output) or "prompt_only" (max_tokens 0).
     Raises ValueError on an empty name, a wrong number of prompt roles, a repeated
     passthrough name or a passthrough name that an output column already uses.
     """
@@ -91,19 +106,28 @@ class ColumnMap:
     passthrough: tuple[str, ...] = ()
     prompt_token_ids: str | None = None
     row_error: str | None = None
+    completion: str | None = None
+    echo: str | None = None
 
     def __post_init__(self) -> None:
         _check_name("columns.id", self.id)
         roles = [r for r in (self.prompt, self.messages, self.prompt_token_ids) if r is not None]
-        if self.row_error is None and len(roles) != 1:
+        if self.completion is not None:
+            if len(roles) > 1:
+                raise ValueError(
+                    "columns: a scoring job takes at most one of 'prompt', 'messages' and "
+                    f"'prompt_token_ids' besides 'completion', got prompt={self.prompt!r}, "
+                    f"messages={self.messages!r}, prompt_token_ids={self.prompt_token_ids!r}"
+                )
+        elif self.row_error is None and len(roles) != 1:
             raise ValueError(
                 "columns: set exactly one of 'prompt' and 'messages' (or 'prompt_token_ids' "
                 f"alone), got prompt={self.prompt!r}, messages={self.messages!r}, "
                 f"prompt_token_ids={self.prompt_token_ids!r}"
             )
-        if not roles:
+        if not roles and self.completion is None:
             raise ValueError("columns: set at least one of 'prompt' and 'messages'")
-        for role in ("prompt", "messages", "prompt_token_ids", "sampling_params", "row_error"):
+        for role in ("prompt", "messages", "prompt_token_ids", "sampling_params", "row_error", "completion", "echo"):
             value = getattr(self, role)
             if value is not None:
                 _check_name(f"columns.{role}", value)
@@ -117,8 +141,9 @@ class ColumnMap:
 
     @property
     def text_column(self) -> str:
-        """The prompt column, else the messages column (chats), else the token-id column."""
-        for name in (self.prompt, self.messages, self.prompt_token_ids):
+        """The prompt column, else the messages column (chats), else the token-id column (else
+        the completion column, for scores of whole chats)."""
+        for name in (self.prompt, self.messages, self.prompt_token_ids, self.completion):
             if name is not None:
                 return name
         raise AssertionError("__post_init__ guarantees a prompt role")
@@ -129,7 +154,7 @@ class ColumnMap:
         passthrough."""
         names = [self.id]
         names += [n for n in (self.prompt, self.messages, self.prompt_token_ids) if n is not None]
-        for name in (self.sampling_params, self.row_error):
+        for name in (self.completion, self.sampling_params, self.row_error, self.echo):
             if name is not None:
                 names.append(name)
         names.extend(self.passthrough)
@@ -147,6 +172,18 @@ def _check_passthrough_names(names: Sequence[str]) -> None:
         if name in seen:
             raise ValueError(f"columns.passthrough: column {name!r} is listed twice")
         seen.add(name)
+
+
+@dataclass(frozen=True, slots=True)
+class EchoPrompt:
+    """A prompt echoed in a response line (OpenAI's ``echo``): its text and tokens and, when
+    log-probabilities were asked, each token's (None for the first) and its top ones, best
+    first (None for the first)."""
+
+    text: str
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float | None, ...] | None = None
+    top_logprobs: tuple[tuple[tuple[int, float], ...] | None, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,6 +212,10 @@ class OutputRow:
     # Per generated token, the top (token id, log-probability) pairs, best first, when the
     # request asked for top log-probabilities; for response lines only, not a Parquet column.
     top_logprobs: tuple[tuple[tuple[int, float], ...], ...] | None = None
+    # A score row's per-token log-probabilities (float64; the score columns derive from them).
+    score_token_logprobs: tuple[float, ...] | None = None
+    # The prompt to echo before the output (response lines only).
+    echo: EchoPrompt | None = None
 
     def __post_init__(self) -> None:
         if self.finish_reason not in FINISH_REASONS:
@@ -193,9 +234,16 @@ class OutputRow:
 
 
 def output_schema(
-    id_type: pa.DataType, passthrough: pa.Schema, *, with_token_ids: bool, with_logprobs: bool
+    id_type: pa.DataType,
+    passthrough: pa.Schema,
+    *,
+    with_token_ids: bool,
+    with_logprobs: bool,
+    is_score: bool = False,
 ) -> pa.Schema:
-    """The output schema for an input with this id type and these passthrough fields.
+    """The output schema for an input with this id type and these passthrough fields (a
+    scoring job's with `is_score`: the score columns, and `with_logprobs` gives
+    ``score_token_logprobs`` instead of ``logprobs``).
 
     Raises ValueError when id_type is neither an integer nor a string type, or when a
     passthrough field is named like an output column.
@@ -217,10 +265,16 @@ def output_schema(
         pa.field("error", _ERROR_TYPE),
         pa.field("seed", pa.int64()),
     ]
+    if is_score:
+        fields += [
+            pa.field("score_logprob_sum", pa.float64()),
+            pa.field("score_num_tokens", pa.int32()),
+            pa.field("score_perplexity", pa.float64()),
+        ]
     if with_token_ids:
         fields.append(pa.field("output_token_ids", _TOKEN_IDS_TYPE))
     if with_logprobs:
-        fields.append(pa.field("logprobs", _LOGPROBS_TYPE))
+        fields.append(pa.field("score_token_logprobs" if is_score else "logprobs", _LOGPROBS_TYPE))
     return pa.schema(fields)
 
 
@@ -267,6 +321,16 @@ def rows_to_batch(rows: Sequence[OutputRow], schema: pa.Schema) -> pa.RecordBatc
         ],
         "logprobs": [None if r.logprobs is None else list(r.logprobs) for r in rows],
     }
+    if "score_logprob_sum" in schema.names:
+        scores = [r.score_token_logprobs for r in rows]
+        sums = [None if s is None else math.fsum(s) for s in scores]
+        columns["score_logprob_sum"] = sums
+        columns["score_num_tokens"] = [None if s is None else len(s) for s in scores]
+        columns["score_perplexity"] = [
+            None if s is None or total is None or not s else math.exp(-total / len(s))
+            for s, total in zip(scores, sums, strict=True)
+        ]
+        columns["score_token_logprobs"] = [None if s is None else list(s) for s in scores]
     for idx, field in enumerate(extra):
         columns[field.name] = [r.passthrough[idx] for r in rows]
     arrays = [pa.array(columns[f.name], type=f.type) for f in schema]

@@ -7,6 +7,8 @@ Owns: `JobConfig` (one frozen dataclass per layer inside: `IoConfig`, `SamplingP
 Layout (every key but ``input.path`` and ``output.path`` is optional; defaults shown)::
 
     model: null                 # path/to/hf_folder, path/to/model.gguf, or null: the built-in model
+    task: generate              # generate | score (the log-likelihood of given completions:
+                                #   columns.completion, no sampling section, output score_* columns)
     input:
       path: data/prompts        # a folder (its *.parquet files at any depth: Hive `key=value/`
                                 #   partitions and nested folders) or a glob, relative to this file
@@ -18,6 +20,10 @@ Layout (every key but ``input.path`` and ``output.path`` is optional; defaults s
                                 #   a list of {role, content}), or `prompt_token_ids: ids`
                                 #   (a list<int32|int64> of token ids)
         sampling_params: null   # a struct column of per-row SamplingParams overrides
+        completion: null        # task score: the text scored after the prompt, or a chat (a list
+                                #   of {role, content}) whose last, assistant message is scored
+                                #   after the chat template renders the others (then no prompt
+                                #   role); a scoring job names its prompt role explicitly
         passthrough: []         # columns copied to the output unchanged (or Hive partition keys)
       batch_rows: 1024          # rows read per Arrow batch
       max_line_bytes: 16777216  # openai_jsonl: a longer request line is an error line
@@ -25,7 +31,7 @@ Layout (every key but ``input.path`` and ``output.path`` is optional; defaults s
       path: out/                # folder of output shards and manifest.json
       format: parquet           # parquet | openai_jsonl (response lines; needs that input format)
       include_token_ids: false
-      include_logprobs: false
+      include_logprobs: false   # task score: the score_token_logprobs column
     sampling: {max_tokens: 16, temperature: 1.0}   # any SamplingParams field
     engine:                     # SchedulerConfig, CacheConfig and RunnerConfig fields
       max_num_seqs: 256
@@ -98,12 +104,14 @@ __all__ = [
     "Order",
     "PromptTooLong",
     "RayConfig",
+    "Task",
 ]
 
 PromptTooLong = Literal["error", "truncate_left", "truncate_right"]
 Order = Literal["prefix", "input"]
 OnBadShard = Literal["fail", "skip"]
 Executor = Literal["local", "ray"]
+Task = Literal["generate", "score"]
 Format = Literal["parquet", "openai_jsonl"]
 
 _MAX_SEED = 2**63 - 1
@@ -224,6 +232,7 @@ class JobConfig:
     ray: RayConfig = RayConfig()
     report: bool = True
     timeline_rows: int = 1024
+    task: Task = "generate"
 
     def __post_init__(self) -> None:
         if self.model is not None:
@@ -249,6 +258,26 @@ class JobConfig:
         check_int("timeline_rows", self.timeline_rows, minimum=2)
         if self.timeline_rows % 2:
             raise ValueError(f"timeline_rows: expected an even number, got {self.timeline_rows}")
+        self._check_task()
+
+    def _check_task(self) -> None:
+        _expect_choice("task", self.task, get_args(Task))
+        columns = self.io.columns
+        if self.task == "generate":
+            if columns.completion is not None:
+                raise ValueError("input.columns.completion: only a scoring job (task: score) reads completions")
+            return
+        if columns.completion is None:
+            raise ValueError("task: score needs input.columns.completion (the text or chat to score)")
+        if columns.sampling_params is not None:
+            raise ValueError("input.columns.sampling_params: task score draws no tokens; drop the column")
+        if self.sampling != SamplingParams():
+            raise ValueError("sampling: task score draws no tokens; remove the sampling section")
+        if "openai_jsonl" in (self.io.input_format, self.io.output_format):
+            raise ValueError(
+                "task: score reads and writes Parquet (an OpenAI batch file scores with /v1/completions, "
+                "echo: true, max_tokens: 0)"
+            )
 
     def resolve_path(self, p: str) -> Path:
         """`p` as written in the job file, made absolute against the job file's folder."""
@@ -282,6 +311,9 @@ class JobConfig:
         # Added only when used, so the fingerprints of existing Parquet jobs stay as they were.
         if columns.prompt_token_ids is not None:
             result["columns"]["prompt_token_ids"] = columns.prompt_token_ids
+        if self.task != "generate":
+            result["task"] = self.task
+            result["columns"]["completion"] = columns.completion
         if (self.io.input_format, self.io.output_format) != ("parquet", "parquet"):
             result["format"] = {"input": self.io.input_format, "output": self.io.output_format}
         if self.io.input_format == "openai_jsonl" and self.io.max_line_bytes != DEFAULT_MAX_LINE_BYTES:
@@ -289,16 +321,48 @@ class JobConfig:
         return result
 
 
+_LATER_FIELDS = frozenset(
+    {
+        "presence_penalty",
+        "frequency_penalty",
+        "repetition_penalty",
+        "min_tokens",
+        "logit_bias",
+        "allowed_token_ids",
+        "bad_words",
+        "structured_outputs",  # issue 22
+        "prompt_logprobs",
+        "skip_special_tokens",
+        "include_stop_str_in_output",
+    }
+)
+
+
+def _plain(name: str, value: Any) -> Any:
+    """A later field's value as JSON gives it back (sorted [id, bias] pairs, lists, floats)."""
+    if name == "logit_bias":
+        return [[int(k), float(v)] for k, v in sorted(value.items())]
+    if name in ("allowed_token_ids", "bad_words"):
+        return list(value)
+    if name in ("presence_penalty", "frequency_penalty", "repetition_penalty"):
+        return float(value)
+    if name == "structured_outputs":
+        structured = StructuredOutputsParams.coerce(value)
+        return None if structured is None else structured.to_dict()  # {kind: value}
+    return value
+
+
 def _sampling_fingerprint(params: SamplingParams) -> dict[str, Any]:
-    # Normalized so that `temperature: 0` and `temperature: 0.0` fingerprint alike.
+    # Normalized so that `temperature: 0` and `temperature: 0.0` fingerprint alike. Fields added
+    # later (issue 21) appear only when set, so the fingerprints of existing jobs stay as they were.
     result: dict[str, Any] = {}
+    default = SamplingParams()
     for field in fields(SamplingParams):
         value = getattr(params, field.name)
-        if field.name == "structured_outputs":  # issue 22: only when set, as {kind: value}
-            structured = StructuredOutputsParams.coerce(value)
-            if structured is None:
+        if field.name in _LATER_FIELDS:
+            if value == getattr(default, field.name):
                 continue
-            value = structured.to_dict()
+            value = _plain(field.name, value)
         if field.name == "stop":
             value = list(params.stop_strings)
         elif field.name == "stop_token_ids":

@@ -46,9 +46,10 @@ _TOP_KEYS = (
     "ray",
     "report",
     "timeline_rows",
+    "task",
 )
 _INPUT_KEYS = ("path", "format", "columns", "batch_rows", "max_line_bytes")
-_COLUMN_KEYS = ("id", "prompt", "messages", "prompt_token_ids", "sampling_params", "passthrough")
+_COLUMN_KEYS = ("id", "prompt", "messages", "prompt_token_ids", "sampling_params", "passthrough", "completion")
 _OUTPUT_KEYS = ("path", "format", "include_token_ids", "include_logprobs")
 _SAMPLING_KEYS = tuple(f.name for f in fields(SamplingParams))
 _RAY_KEYS = tuple(f.name for f in fields(RayConfig))
@@ -121,6 +122,7 @@ def _columns(data: Mapping[str, Any]) -> ColumnMap:
         return OPENAI_COLUMNS
     messages = values.get("messages")
     token_ids = values.get("prompt_token_ids")
+    completion = values.get("completion")
     passthrough = values.get("passthrough", [])
     if passthrough is None:
         passthrough = []
@@ -131,9 +133,12 @@ def _columns(data: Mapping[str, Any]) -> ColumnMap:
     try:
         return ColumnMap(
             id=values.get("id", "id"),
+            # A scoring job names its prompt role (none: its completions are whole chats).
             prompt=values.get(
-                "prompt", None if messages is not None or token_ids is not None else "prompt"
+                "prompt",
+                None if messages is not None or token_ids is not None or completion is not None else "prompt",
             ),
+            completion=completion,
             messages=messages,
             prompt_token_ids=token_ids,
             sampling_params=values.get("sampling_params"),

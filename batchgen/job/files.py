@@ -86,6 +86,7 @@ class FileSink:
                 shard.passthrough,
                 with_token_ids=self._config.io.include_token_ids,
                 with_logprobs=self._config.io.include_logprobs,
+                is_score=self._config.task == "score",
             ).with_metadata(shard_metadata(self._fingerprint, self._identities[shard.name]))
             self._schemas[shard.index] = schema
             writer = OutputShardWriter(self._out_dir, shard.name, schema)

@@ -6,7 +6,10 @@ line number as passthrough values); this module turns the output rows of each re
 one response line: ``{id, custom_id, response: {status_code, request_id, body}, error}``, with
 an OpenAI-shaped ``chat.completion`` or ``text_completion`` object as the body (choices,
 finish_reason, usage with ``prompt_tokens_details.cached_tokens``), or a 400 response with an
-``error`` object for a row that failed. Lines are written in input order, one per request,
+``error`` object for a row that failed. A completions request with ``echo`` gets its prompt
+before the text and, with ``logprobs``, the prompt's tokens first in ``logprobs`` (the first
+token's log-probability and top ones null, as OpenAI writes them); with ``max_tokens: 0`` the
+prompt is the whole answer (finish_reason "length", no completion tokens). Lines are written in input order, one per request,
 to a file committed atomically like a Parquet shard.
 
 Planning goes through `batchgen.job.run.planned_job` like a Parquet job: each request file's
@@ -145,24 +148,38 @@ def _chat_logprobs(tokenizer: Tokenizer, row: OutputRow) -> dict[str, Any] | Non
     return {"content": content, "refusal": None}
 
 
+def _top_dict(tokenizer: Tokenizer, top: Sequence[tuple[int, float]]) -> dict[str, float]:
+    return dict(zip(_token_texts(tokenizer, [i for i, _ in top]), (v for _, v in top), strict=True))
+
+
 def _completion_logprobs(tokenizer: Tokenizer, row: OutputRow) -> dict[str, Any] | None:
-    if row.logprobs is None or row.output_token_ids is None:
+    """OpenAI's completions ``logprobs``: tokens, their logprobs, top ones and text offsets; an
+    echoed prompt's tokens come first."""
+    echo = row.echo if row.echo is not None and row.echo.logprobs is not None else None
+    has_output = row.logprobs is not None and row.output_token_ids is not None
+    if not has_output and echo is None:
         return None
-    texts = _token_texts(tokenizer, row.output_token_ids)
+    token_ids: list[int] = []
+    values: list[float | None] = []
+    tops: list[dict[str, float] | None] = []
+    has_top = row.top_logprobs is not None or (echo is not None and echo.top_logprobs is not None)
+    if echo is not None and echo.logprobs is not None:
+        token_ids += echo.token_ids
+        values += echo.logprobs
+        tops += [None if t is None else _top_dict(tokenizer, t) for t in echo.top_logprobs or [None] * len(echo.logprobs)]
+    if has_output and row.logprobs is not None and row.output_token_ids is not None:
+        token_ids += row.output_token_ids
+        values += row.logprobs
+        tops += [_top_dict(tokenizer, t) for t in row.top_logprobs or [()] * len(row.logprobs)]
+    texts = _token_texts(tokenizer, token_ids)
     offsets, offset = [], 0
     for text in texts:
         offsets.append(offset)
         offset += len(text)
-    top_logprobs = None
-    if row.top_logprobs is not None:
-        top_logprobs = [
-            dict(zip(_token_texts(tokenizer, [i for i, _ in top]), (v for _, v in top), strict=True))
-            for top in row.top_logprobs
-        ]
     return {
         "tokens": texts,
-        "token_logprobs": list(row.logprobs),
-        "top_logprobs": top_logprobs,
+        "token_logprobs": values,
+        "top_logprobs": tops if has_top else None,
         "text_offset": offsets,
     }
 
@@ -206,7 +223,7 @@ def response_line(
             choices.append(
                 {
                     "index": s.sample_index,
-                    "text": s.output,
+                    "text": s.output if s.echo is None else s.echo.text + (s.output or ""),
                     "logprobs": _completion_logprobs(tokenizer, s),
                     "finish_reason": s.finish_reason,
                 }

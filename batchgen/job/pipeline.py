@@ -28,6 +28,7 @@ from batchgen.engine.outputs import RequestOutput
 from batchgen.engine.seeding import derive_seed
 from batchgen.io import OutputRow, ShardReadError
 from batchgen.job.prepare import PreparedRow, RowError, RowPreparer
+from batchgen.job.score_output import echo_prompt, score_output_row
 from batchgen.job.shard_assembly import write_stage
 from batchgen.job.stages import (
     PipelineOptions,
@@ -74,6 +75,9 @@ def _error_outputs(row: PreparedRow, error: RowError) -> list[OutputRow]:
 
 
 def _success_outputs(row: PreparedRow, out: RequestOutput, options: PipelineOptions) -> list[OutputRow]:
+    if row.score_from is not None:
+        return [score_output_row(row, out, include_token_ids=options.include_token_ids)]
+    echo = echo_prompt(row, out)
     rows = []
     for c in out.outputs:
         logprobs = None
@@ -100,6 +104,7 @@ def _success_outputs(row: PreparedRow, out: RequestOutput, options: PipelineOpti
                 output_token_ids=c.token_ids if options.include_token_ids else None,
                 logprobs=logprobs,
                 top_logprobs=top,
+                echo=echo,
             )
         )
     return rows
@@ -230,6 +235,8 @@ def _prepare_batch(preparer: RowPreparer, options: PipelineOptions, item: _Batch
         passthrough,
         token_ids=_column(batch, cols.prompt_token_ids, problems),
         row_errors=problems,
+        completions=_column(batch, cols.completion, problems),
+        echo=_column(batch, cols.echo, problems),
     )
 
 
@@ -315,7 +322,9 @@ async def _engine_loop(
                     results.append(RowResult(row, _error_outputs(row, row.error or RowError("internal", "no tokens"))))
                     continue
                 try:
-                    request_id = engine.add_request(list(row.token_ids), row.params.replace(seed=row.seed))
+                    request_id = engine.add_request(
+                        list(row.token_ids), row.params.replace(seed=row.seed), score_from=row.score_from
+                    )
                 except ValueError as exc:
                     results.append(RowResult(row, _error_outputs(row, request_error(exc))))
                     continue

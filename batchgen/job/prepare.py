@@ -15,6 +15,12 @@ template that fails or passes its sandbox's limits (`batchgen.tokenizer.chat_tem
 Chat templates see ``strftime_now`` at the job's pinned time (`RowPreparer` ``now``), so a
 resumed job renders the same prompts on another day.
 
+Scoring rows (``task: score``, `batchgen.job.score_rows`): each row's prompt (text, chat or
+token ids) and completion (text, encoded without special tokens) become one request whose
+`score_from` is the prompt's length; a completion that is a chat is split into the messages the
+template renders and the reply scored. An OpenAI ``echo`` row keeps its prompt text to echo;
+one with max_tokens 0 (``prompt_only``) is a score row of its prompt from token 1.
+
 Ids: a repeated id within a shard is an error row (``duplicate_id``); an id already seen in
 another shard of the run is kept (it is a valid row) and counted in
 `RowPreparer.num_duplicate_ids_across_shards`, from a set of 64-bit id hashes capped at
@@ -23,6 +29,7 @@ another shard of the run is kept (it is a valid row) and counted in
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -35,6 +42,7 @@ from batchgen.engine.sampling_params import SamplingParams
 from batchgen.engine.seeding import derive_seed
 from batchgen.job.length_policy import LengthPolicy, PolicyName
 from batchgen.job.row_error import RowError
+from batchgen.job.score_rows import SCORE_PARAMS, fit_score, split_chat_completion
 from batchgen.job.structured_rows import sampling_params_error
 from batchgen.tokenizer.chat_template import (
     ChatTemplateError,
@@ -54,7 +62,9 @@ class PreparedRow:
     """One input row, ready for the engine (token_ids and params set) or failed (error set).
 
     shard/row_idx locate it for reassembly; seed is the row's base seed (sample i uses
-    derive_seed(seed, i)); num_samples is the number of output rows it yields.
+    derive_seed(seed, i)); num_samples is the number of output rows it yields. score_from: a
+    score row's first scored token (`LLMEngine.add_request(score_from=...)`); echo_text: the
+    prompt an OpenAI ``echo`` response repeats.
     """
 
     shard: int
@@ -66,6 +76,8 @@ class PreparedRow:
     seed: int
     num_samples: int
     error: RowError | None = None
+    score_from: int | None = None
+    echo_text: str | None = None
 
 
 def id_hash(row_id: int | str) -> int:
@@ -78,6 +90,18 @@ def row_seed(job_seed: int, row_id: int | str) -> int:
     """The base seed of a row, from the job seed and the row id (stable across runs)."""
     key = row_id if isinstance(row_id, int) else xxhash.xxh64_intdigest(row_id.encode("utf-8"))
     return derive_seed(job_seed, key)
+
+
+@dataclass(frozen=True, slots=True)
+class _ScorePending:
+    """A score row waiting to be encoded: the prompt as text (a chat rendered, or plain text) or
+    as token ids, and the completion text."""
+
+    position: int
+    text: str | None
+    is_chat: bool
+    prompt_ids: list[int] | None
+    completion: str
 
 
 class RowPreparer:
@@ -104,6 +128,7 @@ class RowPreparer:
             tokenizer, max_model_len=max_model_len, policy=prompt_too_long, render=self._chat_text
         )
         self._job_seed = job_seed
+        self._max_model_len = max_model_len
         self._now = now
         self._seen_ids: dict[int, set[int | str]] = {}
         self._job_id_hashes: set[int] = set()
@@ -129,6 +154,8 @@ class RowPreparer:
         *,
         token_ids: Sequence[Any] | None = None,
         row_errors: Sequence[RowError | None] | None = None,
+        completions: Sequence[Any] | None = None,
+        echo: Sequence[Any] | None = None,
     ) -> list[PreparedRow]:
         """Prepare a batch of rows (column values as Python lists, all the same length).
 
@@ -136,7 +163,13 @@ class RowPreparer:
         `prompts`; when both `messages` and `prompts` are given (OpenAI batch files mix chat
         and completion requests), a row with null messages uses its prompt. A row with a
         `row_errors` entry (found by the reader: bad JSON, invalid UTF-8, ...) is an error row.
+        With `completions` the rows are scores (module docstring); `echo` holds an OpenAI echo
+        mode per row (None, "echo" or "prompt_only").
         """
+        if completions is not None:
+            return self._prepare_scores(
+                shard, first_row_idx, ids, prompts, messages, token_ids, completions, passthrough, row_errors
+            )
         seen = self._seen_ids.setdefault(shard, set())
         rows: list[PreparedRow] = []
         texts: list[str | None] = []  # None: a chat rendered past the length bound
@@ -149,6 +182,9 @@ class RowPreparer:
                 error = row_errors[i]
             params, params_error = self._params(sampling[i] if sampling is not None else None)
             error = error or params_error
+            mode = echo[i] if echo is not None else None
+            if mode == "prompt_only" and params is not None:
+                params = SCORE_PARAMS.replace(prompt_logprobs=params.prompt_logprobs)
             effective = params or self._sampling
             key = "" if row_id is None else row_id
             seed = effective.seed if effective.seed is not None else row_seed(self._job_seed, key)
@@ -179,6 +215,8 @@ class RowPreparer:
                     seed=seed,
                     num_samples=effective.n,
                     error=error,
+                    score_from=1 if mode == "prompt_only" else None,
+                    echo_text=prompts[i] if mode is not None and prompts is not None else None,
                 )
             )
             if error is None and (text is not None or is_chat) and params is not None:
@@ -204,19 +242,124 @@ class RowPreparer:
                 else:
                     assert encoded_ids is not None
                     ids_, error = self._length.apply(encoded_ids, params)
-                row = rows[i]
-                rows[i] = PreparedRow(
-                    shard=row.shard,
-                    row_idx=row.row_idx,
-                    id=row.id,
-                    passthrough=row.passthrough,
-                    token_ids=tuple(ids_) if error is None else None,
-                    params=params,
-                    seed=row.seed,
-                    num_samples=row.num_samples,
-                    error=error,
+                rows[i] = dataclasses.replace(
+                    rows[i], token_ids=tuple(ids_) if error is None else None, params=params, error=error
                 )
         return rows
+
+    def _prepare_scores(
+        self,
+        shard: int,
+        first_row_idx: int,
+        ids: Sequence[Any],
+        prompts: Sequence[Any] | None,
+        messages: Sequence[Any] | None,
+        token_ids: Sequence[Any] | None,
+        completions: Sequence[Any],
+        passthrough: Sequence[tuple[Any, ...]],
+        row_errors: Sequence[RowError | None] | None,
+    ) -> list[PreparedRow]:
+        """Score rows: each pair's tokens with `score_from` at the completion (module docstring)."""
+        seen = self._seen_ids.setdefault(shard, set())
+        rows: list[PreparedRow] = []
+        pending: list[_ScorePending] = []
+        for i, raw_id in enumerate(ids):
+            row_id, error = self._check_id(raw_id, seen)
+            if row_errors is not None and row_errors[i] is not None:
+                error = row_errors[i]
+            found: _ScorePending | RowError | None = None
+            if error is None:
+                found = self._score_inputs(i, prompts, messages, token_ids, completions[i])
+                if isinstance(found, RowError):
+                    error = found
+            rows.append(
+                PreparedRow(
+                    shard=shard,
+                    row_idx=first_row_idx + i,
+                    id=row_id,
+                    passthrough=passthrough[i],
+                    token_ids=None,
+                    params=SCORE_PARAMS,
+                    seed=row_seed(self._job_seed, "" if row_id is None else row_id),
+                    num_samples=1,
+                    error=error,
+                )
+            )
+            if isinstance(found, _ScorePending):
+                pending.append(found)
+        if not pending:
+            return rows
+        encode = self._tokenizer.encode_batch
+        plain = iter(encode([p.text or "" for p in pending if not p.is_chat and p.prompt_ids is None]))
+        chats = iter(encode([p.text or "" for p in pending if p.is_chat], add_special_tokens=False))
+        completion_ids = encode([p.completion for p in pending], add_special_tokens=False)
+        for p, c_ids in zip(pending, completion_ids, strict=True):
+            if p.prompt_ids is not None:
+                p_ids = p.prompt_ids
+            else:
+                p_ids = list(next(chats) if p.is_chat else next(plain))
+            p_ids, c_ids, error = fit_score(p_ids, list(c_ids), max_model_len=self._max_model_len, policy=self._policy)
+            rows[p.position] = dataclasses.replace(
+                rows[p.position],
+                token_ids=None if error is not None else tuple(p_ids + c_ids),
+                score_from=len(p_ids),
+                error=error,
+            )
+        return rows
+
+    def _score_inputs(
+        self,
+        i: int,
+        prompts: Sequence[Any] | None,
+        messages: Sequence[Any] | None,
+        token_ids: Sequence[Any] | None,
+        value: Any,
+    ) -> _ScorePending | RowError:
+        """A score row's prompt (text to encode, or token ids) and completion text, or its error."""
+        has_prompt = prompts is not None or messages is not None or token_ids is not None
+        bound = self._length.max_prompt_chars
+        if isinstance(value, str):
+            if not value:
+                return RowError("invalid_completion", "the completion is empty")
+            if len(value) > bound:
+                return self._length.over_bound_error()
+            if not has_prompt:
+                return RowError(
+                    "invalid_completion", "a text completion needs a prompt (columns.prompt, messages or prompt_token_ids)"
+                )
+            if token_ids is not None:
+                ids_, error = self._token_ids(token_ids[i])
+                return error or _ScorePending(i, None, False, ids_, value)
+            if messages is not None:
+                text, error = self._render(messages[i])
+            else:
+                text, error = self._prompt(prompts[i] if prompts is not None else None)
+                if text is not None:
+                    text, error = self._length.bound_text(text)
+            if error is not None:
+                return error
+            if text is None:  # a chat rendered past the length bound
+                return self._length.over_bound_error()
+            return _ScorePending(i, text, messages is not None, None, value)
+        if isinstance(value, list | tuple):
+            if has_prompt:
+                return RowError(
+                    "invalid_completion",
+                    "a chat completion holds its own prompt; leave columns.prompt, messages and prompt_token_ids unset",
+                )
+            split = split_chat_completion(value)
+            if isinstance(split, RowError):
+                return split
+            if len(split.completion) > bound:
+                return self._length.over_bound_error()
+            text, error = self._render(split.prompt_messages)
+            if error is not None:
+                return error
+            if text is None:
+                return self._length.over_bound_error()
+            return _ScorePending(i, text, True, None, split.completion)
+        kind = "null" if value is None else type(value).__name__
+        return RowError("invalid_completion", f"the completion must be text or a chat, got {kind}")
 
     # --------------------------------------------------------------- checks
     def _check_id(
@@ -314,7 +457,7 @@ class RowPreparer:
 
 # SamplingParams fields that hold integers: pandas writes them as floats when a column has
 # missing values (1.0, NaN), so a whole-number float counts as the integer.
-_INT_FIELDS = frozenset({"n", "max_tokens", "top_k", "seed", "logprobs"})
+_INT_FIELDS = frozenset({"n", "max_tokens", "top_k", "seed", "logprobs", "min_tokens", "prompt_logprobs"})
 
 
 def _is_missing(value: Any) -> bool:
@@ -330,8 +473,16 @@ def _is_unset_struct(name: str, value: Any) -> bool:
 def _plain_value(name: str, value: Any) -> Any:
     if name in _INT_FIELDS and isinstance(value, float) and value.is_integer():
         return int(value)
-    if name == "stop_token_ids" and isinstance(value, list | tuple):
+    if name in ("stop_token_ids", "allowed_token_ids") and isinstance(value, list | tuple):
         return tuple(int(v) if isinstance(v, float) and v.is_integer() else v for v in value)
+    if name == "bad_words" and isinstance(value, list):
+        return tuple(value)
+    # An Arrow map<int, float> column reads as [(token id, bias), ...]; another shape is left
+    # for SamplingParams to refuse, naming the field.
+    if name == "logit_bias" and isinstance(value, list | tuple) and all(
+        isinstance(pair, tuple) and len(pair) == 2 for pair in value
+    ):
+        return {_plain_value("n", k): v for k, v in value}
     if name == "stop" and isinstance(value, list):
         return tuple(value)
     return value

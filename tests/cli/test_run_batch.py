@@ -55,7 +55,7 @@ MIXED = [
     _chat("long", "word " * 200),
     _chat(None, "No custom id."),
     _chat("d", "Say hi.", logprobs=True, max_completion_tokens=2),
-    _chat("e", "Penalized.", presence_penalty=1.5),
+    _chat("e", "Best of.", best_of=3),
     _chat("f", "Top three.", logprobs=True, top_logprobs=3, max_tokens=2),
     _request("g", "/v1/completions", prompt="Top two", max_tokens=2, temperature=0, logprobs=2),
 ]
@@ -120,7 +120,7 @@ def test_mixed_file_gives_one_line_per_request_in_order(tmp_path: Path, model: P
     assert len(logprobs) == lines[7]["response"]["body"]["usage"]["completion_tokens"] <= 2
     assert all(entry["logprob"] <= 0 for entry in logprobs)
     assert lines[0]["response"]["body"]["choices"][0]["logprobs"] is None
-    assert "presence_penalty" in lines[8]["error"]["message"]
+    assert "best_of" in lines[8]["error"]["message"]
     # top_logprobs: the k best tokens per position, best first; greedy picks the best
     for entry in lines[9]["response"]["body"]["choices"][0]["logprobs"]["content"]:
         values = [t["logprob"] for t in entry["top_logprobs"]]
@@ -216,6 +216,7 @@ def uninterrupted(model: Path, tmp_path_factory: pytest.TempPathFactory) -> byte
     return out.read_bytes()
 
 
+@pytest.mark.slow  # a job run in a subprocess
 @pytest.mark.parametrize("moment", [["write", "1"], ["write", "2"], ["after_rename", "1"]])
 def test_kill_then_rerun_gives_the_uninterrupted_file(
     tmp_path: Path, model: Path, moment: list[str], uninterrupted: bytes
@@ -250,8 +251,8 @@ def test_kill_then_rerun_gives_the_uninterrupted_file(
         ("completed", "one_line_appended"),
         # a response file renamed into place by a run killed before its manifest record: it
         # was adopted unchecked (exit 0, the old answers kept) before the pending record
-        ("killed_after_rename", "one_body_changed"),
-        ("killed_after_rename", "one_line_appended"),
+        pytest.param("killed_after_rename", "one_body_changed", marks=pytest.mark.slow),  # a subprocess
+        pytest.param("killed_after_rename", "one_line_appended", marks=pytest.mark.slow),
     ],
 )
 def test_an_edited_request_file_stops_the_resume_with_exit_2(

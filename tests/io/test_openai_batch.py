@@ -58,6 +58,7 @@ def test_chat_request_maps_body_fields_onto_sampling_params() -> None:
         "stop": ["\n"],
         "seed": 3,
         "logprobs": 0,
+        "frequency_penalty": 0.0,
     }
 
 
@@ -87,7 +88,11 @@ def test_completion_request_and_text_parts() -> None:
         (_line(url="/v1/embeddings"), "unsupported_url", "url '/v1/embeddings' is not supported"),
         (_line(custom_id=None), "missing_custom_id", "line 9 has no custom_id"),
         (_line(custom_id=""), "missing_custom_id", "line 9 has no custom_id"),
-        (_line(presence_penalty=0.5), "unsupported_field", "body.presence_penalty=0.5 is not supported"),
+        (_line(best_of=2), "unsupported_field", "body.best_of=2 is not supported"),
+        (_line(echo=True), "unsupported_field", "body.echo=true is not supported"),
+        (_line(logit_bias={"x": 1}), "invalid_request", "body.logit_bias keys must be token ids, got 'x'"),
+        (_line(logit_bias={"5": "big"}), "invalid_request", "body.logit_bias[5] must be a number"),
+        (_line(logit_bias=[1]), "invalid_request", "body.logit_bias must be an object"),
         (_line(tools=[{"type": "function"}]), "unsupported_field", "body.tools="),
         (_line(stream=True), "unsupported_field", "body.stream=true"),
         (_line(top_k=3), "unsupported_field", "body.top_k is not supported"),
@@ -150,3 +155,51 @@ def test_writer_commits_atomically_and_aborts_cleanly(tmp_path: Path) -> None:
     assert record.rows_by_status == {"ok": 2, "error": 1}
     assert record.error_codes == {"invalid_json": 1}
     assert (record.prompt_tokens, record.completion_tokens, record.cached_tokens) == (10, 4, 8)
+
+
+def test_penalties_logit_bias_and_min_tokens_are_honoured() -> None:
+    row = parse_request(
+        _line(frequency_penalty=0.5, presence_penalty=-1, logit_bias={"50256": -100, "7": 2.5}, min_tokens=3), 1
+    )
+    assert _error(row) is None
+    assert row["sampling_params"] == {
+        "frequency_penalty": 0.5,
+        "presence_penalty": -1.0,
+        "logit_bias": {50256: -100.0, 7: 2.5},
+        "min_tokens": 3,
+    }
+    assert row["echo"] is None
+    batch = iter_batch([_line(logit_bias={"50256": -100}, min_tokens=2)])
+    assert batch.column("sampling_params").to_pylist()[0]["logit_bias"] == [(50256, -100.0)]
+
+
+def iter_batch(lines: list[bytes]) -> Any:
+    from batchgen.io.openai_batch import rows_to_request_batch
+
+    return rows_to_request_batch([parse_request(raw, i + 1) for i, raw in enumerate(lines)])
+
+
+def _completion(**body: Any) -> bytes:
+    return json.dumps({"custom_id": "c", "url": "/v1/completions", "body": {"prompt": "Once", **body}}).encode()
+
+
+@pytest.mark.parametrize(
+    ("body", "echo", "params"),
+    [
+        ({"echo": True, "max_tokens": 0, "logprobs": 1}, "prompt_only", {"prompt_logprobs": 1}),
+        ({"echo": True, "max_tokens": 0}, "prompt_only", None),
+        ({"echo": True, "max_tokens": 4, "logprobs": 2}, "echo", {"max_tokens": 4, "logprobs": 2, "prompt_logprobs": 2}),
+        ({"echo": True, "max_tokens": 4}, "echo", {"max_tokens": 4}),
+        ({"echo": False, "max_tokens": 4}, None, {"max_tokens": 4}),
+    ],
+)
+def test_echo_requests(body: dict[str, Any], echo: str | None, params: dict[str, Any] | None) -> None:
+    row = parse_request(_completion(**body), 1)
+    assert _error(row) is None
+    assert (row["echo"], row["sampling_params"]) == (echo, params)
+
+
+def test_max_tokens_zero_without_echo_is_left_to_sampling_params() -> None:
+    row = parse_request(_completion(max_tokens=0), 1)
+    assert _error(row) is None and row["sampling_params"] == {"max_tokens": 0}  # an error row later
+    assert _error(parse_request(_completion(echo="yes"), 1)) == ("invalid_request", "body.echo must be true or false, got 'yes'")

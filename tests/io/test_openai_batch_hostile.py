@@ -172,20 +172,28 @@ def _requests(draw: st.DrawFn) -> bytes:
 @given(_requests())
 def test_any_line_is_a_request_or_an_error_row_never_an_exception(raw: bytes) -> None:
     row = parse_request(raw, 7)
-    assert set(row) == {"custom_id", "prompt", "messages", "sampling_params", "request_error", "url", "model", "line"}
+    assert set(row) == {
+        "custom_id", "prompt", "messages", "sampling_params", "request_error", "echo", "url", "model", "line"
+    }
     batch = rows_to_request_batch([row])  # what the reader hands to the job
     assert batch.num_rows == 1
     assert batch.schema.names == list(OPENAI_COLUMNS.required_columns)
     if row["request_error"] is None:
         assert isinstance(row["custom_id"], str) and row["custom_id"]
         assert (row["messages"] is None) != (row["prompt"] is None)
-        # a valid request holds only values Arrow stored as they are
-        assert batch.to_pylist()[0]["sampling_params"] == (
+        # a valid request holds only values Arrow stored as they are (a map comes back as pairs)
+        stored = batch.to_pylist()[0]["sampling_params"]
+        if stored is not None and stored["logit_bias"] is not None:
+            stored["logit_bias"] = dict(stored["logit_bias"])
+        assert stored == (
             None if row["sampling_params"] is None else {
-                **dict.fromkeys(("n", "max_tokens", "temperature", "top_p", "seed", "stop", "logprobs")),
+                **dict.fromkeys(("n", "max_tokens", "temperature", "top_p", "seed", "stop", "logprobs",
+                                 "presence_penalty", "frequency_penalty", "min_tokens", "logit_bias",
+                                 "prompt_logprobs", "structured_outputs")),
                 **row["sampling_params"],
             }
         )
+        assert row["echo"] in (None, "echo", "prompt_only")
     else:
         assert row["prompt"] is None and row["messages"] is None and row["sampling_params"] is None
 
