@@ -8,6 +8,7 @@ import random
 import subprocess
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -29,14 +30,20 @@ def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_tiny_hf_folder(tmp_path_factory.mktemp("tiny"), num_heads=4, num_kv_heads=2, hidden_size=64)
 
 
-def _peak_rss_kib(job: Path) -> int:
-    """Run the job in a fresh interpreter and return its peak resident set (VmHWM)."""
+class Peaks(NamedTuple):
+    rss_kib: int  # the process's peak resident set (VmHWM)
+    arrow_bytes: int  # the peak of Arrow's default memory pool (what Parquet reads allocate)
+
+
+def _peaks(job: Path) -> Peaks:
+    """Run the job in a fresh interpreter and return its memory peaks."""
     code = (
         "import sys\n"
+        "import pyarrow as pa\n"
         "from batchgen.cli.main import main\n"
         "rc = main(['run', sys.argv[1], '--quiet', '--threads', '1'])\n"
         "hwm = [l for l in open('/proc/self/status') if l.startswith('VmHWM')][0].split()[1]\n"
-        "print('PEAK_KIB', hwm)\n"
+        "print('PEAKS', hwm, pa.default_memory_pool().max_memory())\n"
         "sys.exit(rc)\n"
     )
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
@@ -44,8 +51,37 @@ def _peak_rss_kib(job: Path) -> int:
         [sys.executable, "-c", code, str(job)], capture_output=True, text=True, env=env, cwd=ROOT, timeout=900
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
-    line = next(x for x in proc.stdout.splitlines() if x.startswith("PEAK_KIB"))
-    return int(line.split()[1])
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("PEAKS"))
+    return Peaks(int(line.split()[1]), int(line.split()[2]))
+
+
+# Each row carries a 2,000-character passthrough column: a 100k-row shard holds 200 MB of it in
+# memory (20 MB at 10k rows), so a reader that loads a whole shard shows. Measured on the 2-core
+# machine (10k -> 100k rows): the streaming reader 830 -> 888 MB and 818 -> 896 MB of peak RSS
+# (+7%, +9.4%; the rows' passthrough strings pass through Python and glibc's heap, which a CPU
+# model keeps at its peak) and 18 -> 29 MB of Arrow pool; a reader patched to pq.read_table each
+# shard 850 -> 1090 MB (+28%) and 27 -> 227 MB of Arrow pool. The bounds lie between.
+_MAX_RSS_GROWTH = 0.15
+_MAX_ARROW_GROWTH_BYTES = 64 << 20
+_BLOB_CHARS = 2000
+_ROW_GROUP_ROWS = 8192
+
+
+def _write_shard(path: Path, num_rows: int) -> None:
+    """id, a short prompt and a long `blob` passthrough column, written a row group at a time."""
+    rng = random.Random(num_rows)
+    alphabet = "abcdefghijklmnopqrstuvwxyz ,.0123456789"
+    base = "".join(rng.choice(alphabet) for _ in range(2 * _BLOB_CHARS))
+    schema = pa.schema([("id", pa.int64()), ("prompt", pa.string()), ("blob", pa.string())])
+    with pq.ParquetWriter(path, schema) as writer:
+        for start in range(0, num_rows, _ROW_GROUP_ROWS):
+            ids = range(start, min(num_rows, start + _ROW_GROUP_ROWS))
+            blobs = [f"{i:09d}" + base[i % _BLOB_CHARS : i % _BLOB_CHARS + _BLOB_CHARS - 9] for i in ids]
+            writer.write_table(pa.table({
+                "id": pa.array(ids, pa.int64()),
+                "prompt": pa.array([f"row {i % 97} says {i}" for i in ids], pa.string()),
+                "blob": pa.array(blobs, pa.string()),
+            }, schema=schema))  # fmt: skip
 
 
 def test_peak_memory_is_flat_from_10k_to_100k_rows(tmp_path: Path, model: Path) -> None:
@@ -53,20 +89,25 @@ def test_peak_memory_is_flat_from_10k_to_100k_rows(tmp_path: Path, model: Path) 
     for num_rows in (10_000, 100_000):
         data = tmp_path / f"data{num_rows}"
         data.mkdir()
-        ids = pa.array(range(num_rows), pa.int64())
-        prompts = pa.array([f"row {i % 97} says {i}" for i in range(num_rows)], pa.string())
-        pq.write_table(pa.table({"id": ids, "prompt": prompts}), data / "part-0.parquet", row_group_size=8192)
+        _write_shard(data / "part-0.parquet", num_rows)
+        assert pq.read_metadata(data / "part-0.parquet").num_rows == num_rows
         job = tmp_path / f"job{num_rows}.yaml"
         job.write_text(
-            f"model: {model}\ninput: {{path: {data}}}\noutput: {{path: {tmp_path / f'out{num_rows}'}}}\n"
-            "sampling: {max_tokens: 1, temperature: 0}\n"
+            f"model: {model}\ninput: {{path: {data}, columns: {{passthrough: [blob]}}}}\n"
+            f"output: {{path: {tmp_path / f'out{num_rows}'}}}\n"
+            "sampling: {max_tokens: 1, temperature: 0}\nreport: false\n"
         )
-        peaks[num_rows] = _peak_rss_kib(job)
+        peaks[num_rows] = _peaks(job)
         out = pq.ParquetFile(tmp_path / f"out{num_rows}" / "part-0.parquet")
         assert out.metadata.num_rows == num_rows
-    growth = peaks[100_000] / peaks[10_000] - 1
-    print(f"peak RSS {peaks}")
-    assert growth < 0.10, f"peak RSS {peaks[10_000]} KiB -> {peaks[100_000]} KiB (+{growth:.1%})"
+        last = out.read_row_group(out.num_row_groups - 1, columns=["id", "blob"]).to_pylist()[-1]
+        assert last["id"] == num_rows - 1 and len(last["blob"]) == _BLOB_CHARS  # the column went through
+    small, large = peaks[10_000], peaks[100_000]
+    print(f"peaks {peaks}")
+    growth = large.rss_kib / small.rss_kib - 1
+    assert growth < _MAX_RSS_GROWTH, f"peak RSS {small.rss_kib} KiB -> {large.rss_kib} KiB (+{growth:.1%})"
+    arrow_growth = large.arrow_bytes - small.arrow_bytes
+    assert arrow_growth < _MAX_ARROW_GROWTH_BYTES, f"Arrow pool peak {small.arrow_bytes} -> {large.arrow_bytes} bytes"
 
 
 def _single_token_words(tok: Tokenizer, count: int, rng: random.Random) -> list[str]:
