@@ -34,6 +34,10 @@ def test_a_calibrated_profile_predicts_another_configurations_run(tmp_path: Path
         )
         return result.wall_s
 
+    # A first run in a process pays one-time costs (kernel loading, allocator and thread-pool
+    # warm-up) that no later run pays: calibrating on it fitted 2.2x the real cost per step
+    # (CI: predicted 0.41 s against 0.18 s measured at 24 sequences). Warm up, then calibrate.
+    measure(8)
     measure(8, tmp_path / "cal.json")  # calibration run: 24 requests, 8 at a time
     fit = calibrate(read_run(tmp_path / "cal.json"), sim_model.shape, name="ci")
     profile = write_hardware(tmp_path / "ci.yaml", fit.profile)
