@@ -57,6 +57,7 @@ _REPO_ROOT = Path(__file__).resolve().parents[2]
 TRITON_TEST_FILES = ("test_triton_attention.py", "test_triton_kv.py", "test_triton_norm_rope.py")
 _KERNEL_MODULES = ("batchgen.kernels.triton_attention", "batchgen.kernels.triton_kv", "batchgen.kernels.triton_norm_rope")
 # Least seconds worth starting each stage with when a budget is set.
+_NEEDS = {"engine": ("model",), "bench": ("model",)}  # stage -> stages whose result it uses
 _MIN_S = {"kernels": 20.0, "kernel_tests": 45.0, "model": 10.0, "engine": 30.0, "bench": 40.0, "attention": 20.0}
 
 
@@ -80,6 +81,16 @@ class GpuCheckOptions:
     max_num_batched_tokens: int = 8192
     kernel_tests_timeout_s: float = 180.0
     work_dir: Path | None = None  # None: batchgen-gpu-check under the system temp folder
+
+    @property
+    def selected_stages(self) -> tuple[str, ...]:
+        """`stages` with the stages they need added (engine and bench need model), in run order:
+        a second try of `--stages engine,bench` must not skip both for want of the model."""
+        wanted = set(self.stages)
+        for name, needs in _NEEDS.items():
+            if name in wanted:
+                wanted.update(needs)
+        return tuple(s for s in STAGES if s in wanted)
 
     @property
     def work_path(self) -> Path:
@@ -160,7 +171,7 @@ def _plans(o: GpuCheckOptions) -> dict[str, StagePlan]:
             "attention", "Triton paged attention against SDPA at several shapes", ("batchgen.cli.gpu_kernels",)
         ),
     }
-    return {name: plans[name] for name in o.stages}
+    return {name: plans[name] for name in o.selected_stages}
 
 
 def _take_triton_interpret(*, remove: bool) -> str | None:
@@ -263,7 +274,7 @@ def _stages(o: GpuCheckOptions, checks: dict[str, dict[str, Any]], ctx: _Context
     for name, check in checks.items():
         # An import error is not a skip: the stage runs and records the ImportError it meets.
         reasons = check["skip_reasons"]
-        requires = ("model",) if name in ("engine", "bench") else ()
+        requires = _NEEDS.get(name, ())
         stages.append(
             Stage(name, runs[name], requires=requires, min_s=_MIN_S[name], skip_reason="; ".join(reasons) or None)
         )

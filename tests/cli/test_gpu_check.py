@@ -68,7 +68,7 @@ def test_the_real_run_wires_its_stages_in_order_with_their_needs(
     monkeypatch.setattr(check, "environment_facts", lambda interpret: {"cuda_available": True})
     monkeypatch.setattr(check, "format_preflight", lambda *args: "gpu-check preflight (stub)")
     monkeypatch.setattr(check, "_take_triton_interpret", lambda remove: None)
-    monkeypatch.setattr(check, "_plans", lambda o: {n: StagePlan(n, n, (), needs_cuda=False) for n in o.stages})
+    monkeypatch.setattr(check, "_plans", lambda o: {n: StagePlan(n, n, (), needs_cuda=False) for n in o.selected_stages})
     calls: list[str] = []
 
     def fake(name: str, *, fail: bool = False) -> object:
@@ -96,6 +96,11 @@ def test_the_real_run_wires_its_stages_in_order_with_their_needs(
     calls.clear()
     assert run_gpu_check(GpuCheckOptions(out_dir=tmp_path / "two", stages=("kernels", "attention"))) == 0
     assert calls == ["kernels", "attention"]
+    # The README's second try names engine and bench only: the model stage they need runs first.
+    calls.clear()
+    monkeypatch.setattr(check, "_stage_model", fake("model"))
+    assert run_gpu_check(GpuCheckOptions(out_dir=tmp_path / "three", stages=("engine", "bench", "attention"))) == 0
+    assert calls == ["model", "engine", "bench", "attention"]
     with pytest.raises(ValueError, match="unknown gpu-check stage"):
         GpuCheckOptions(out_dir=tmp_path, stages=("kernels", "warp"))
 
