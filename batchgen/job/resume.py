@@ -104,6 +104,14 @@ def open_manifest(
     return manifest
 
 
+def _is_regular_file(path: Path) -> bool:
+    """A regular file itself (not through a link; not a FIFO, device or folder)."""
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except FileNotFoundError:
+        return False
+
+
 def _is_batchgen_output(path: Path) -> bool:
     """Whether the regular file `path` is an output batchgen wrote: a Parquet file carrying
     our metadata, or a response file whose first line has a response line's keys."""
@@ -140,7 +148,12 @@ def _clear_outputs(folder: JobFolder, input_names: Sequence[str], inputs: Sequen
         names |= listed | set(old.bad_shards())
     if not folder.prefix:  # a folder of shards is the job's own: find our files by content
         for path in out_dir.glob("*.parquet"):
-            if not path.name.startswith(".") and path.name not in names and _is_batchgen_output(path):
+            if (
+                not path.name.startswith(".")
+                and path.name not in names
+                and _is_regular_file(path)  # before opening it: a FIFO would block the open
+                and _is_batchgen_output(path)
+            ):
                 names.add(path.name)
     doomed: list[Path] = []
     for name in sorted(names):

@@ -142,7 +142,48 @@ _BODY_KEYS = [
     "stop", "seed", "logprobs", "top_logprobs", "model", "stream", "frequency_penalty",
     "presence_penalty", "logit_bias", "echo", "best_of", "suffix", "response_format", "tools",
     "tool_choice", "parallel_tool_calls", "stream_options", "user", "metadata", "unknown_field",
+    "min_tokens", "store", "service_tier",
 ]
+
+
+def _valid_or(valid: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
+    return st.one_of(valid, _JSON)
+
+
+# Hostile values inside the nested fields too, not only in place of a whole field: a message's
+# role, content and content parts, and response_format's type and json_schema members.
+_PART = st.fixed_dictionaries(
+    {"type": _valid_or(st.sampled_from(["text", "image_url", "input_audio"])), "text": _valid_or(st.text(max_size=10))},
+    optional={"image_url": _JSON},
+)
+_MESSAGE = st.fixed_dictionaries(
+    {
+        "role": _valid_or(st.sampled_from(["system", "user", "assistant", "developer", "tool"])),
+        "content": st.one_of(st.text(max_size=10), st.lists(st.one_of(_PART, _JSON), max_size=3), _JSON),
+    },
+    optional={"name": _JSON, "tool_calls": _JSON},
+)
+_RESPONSE_FORMAT = st.fixed_dictionaries(
+    {"type": _valid_or(st.sampled_from(["text", "json_object", "json_schema"]))},
+    optional={
+        "json_schema": st.one_of(
+            _JSON,
+            st.fixed_dictionaries(
+                {"name": _valid_or(st.text(max_size=8))},
+                optional={
+                    "schema": _valid_or(st.sampled_from([{"type": "object"}, {"type": "string", "pattern": "a+"}])),
+                    "strict": _valid_or(st.booleans()),
+                },
+            ),
+        )
+    },
+)
+_NESTED_FIELDS = {
+    "messages": st.lists(_MESSAGE, min_size=1, max_size=3),
+    "response_format": _RESPONSE_FORMAT,
+    "logit_bias": st.dictionaries(_HOSTILE_STRINGS, _LEAF, max_size=3),
+    "stop": st.lists(_LEAF, max_size=3),
+}
 
 
 @st.composite
@@ -155,7 +196,8 @@ def _requests(draw: st.DrawFn) -> bytes:
     else:
         body["prompt"] = "Once"
     for key in draw(st.lists(st.sampled_from(_BODY_KEYS), max_size=5, unique=True)):
-        body[key] = draw(_JSON)
+        nested = _NESTED_FIELDS.get(key)
+        body[key] = draw(_JSON if nested is None else st.one_of(nested, _JSON))
     request: dict[str, Any] = {"custom_id": "r", "method": "POST", "url": url, "body": body}
     for key in draw(st.lists(st.sampled_from(["custom_id", "method", "url", "body"]), max_size=2, unique=True)):
         request[key] = draw(_JSON)

@@ -117,6 +117,34 @@ def test_restart_of_a_named_output_leaves_the_folders_other_files(tmp_path: Path
     assert (tmp_path / "b.jsonl.manifest.json").is_file() and not (tmp_path / "manifest.json").exists()
 
 
+def test_restart_never_deletes_an_input_reached_under_another_name(tmp_path: Path) -> None:
+    # Chained jobs: this job's input is an earlier job's output, and the output folder holds it
+    # under another name (a hard link here; a bind mount or another spelling of the path on a
+    # case-insensitive file system alike). The path differs, the file is the same: before the
+    # (device, inode) comparison, --restart deleted the input as one of its own old outputs.
+    line = {"id": "batch_req_1", "custom_id": "x", "response": None, "error": None}
+    source = tmp_path / "in" / "a.jsonl"
+    source.parent.mkdir()
+    source.write_text(json.dumps(line) + "\n")
+    out = tmp_path / "out"
+    out.mkdir()
+    os.link(source, out / "a.jsonl")
+    folder = JobFolder.for_output_file(out / "a.jsonl")
+    open_manifest(folder, {"job": 1}, ["a.jsonl"], restart=True, job_time="2026-12-01T00:00:00", inputs=[source])
+    assert source.read_text() == json.dumps(line) + "\n" and (out / "a.jsonl").is_file()
+
+
+@pytest.mark.timeout(60)
+def test_restart_passes_a_fifo_named_like_a_shard_without_opening_it(tmp_path: Path) -> None:
+    # The folder scan for old outputs opened every *.parquet before checking what it is: a FIFO
+    # blocked the open forever. It is not a regular file, so it is neither read nor deleted.
+    out = tmp_path / "out"
+    out.mkdir()
+    os.mkfifo(out / "pipe.parquet")
+    open_manifest(JobFolder(out), {"job": 1}, ["part-0.parquet"], restart=True, job_time="2026-12-01T00:00:00")
+    assert (out / "pipe.parquet").exists() and (out / "manifest.json").is_file()
+
+
 # --- reserved names ---------------------------------------------------------------------------
 
 @pytest.mark.parametrize("name", ["timeline.parquet", "old.timeline.parquet"])
@@ -129,6 +157,19 @@ def test_an_input_whose_output_would_take_a_side_file_name_is_refused(
     rc, _, err = run(job, capsys)
     assert rc == 2 and "batchgen keeps its own files under this name" in err, err
     assert not (tmp_path / "out" / "manifest.json").exists()
+
+
+def test_a_request_file_whose_parquet_output_would_take_the_timeline_is_refused(
+    tmp_path: Path, model_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The other form of the collision: timeline.jsonl read as requests, written as Parquet.
+    _requests(tmp_path / "in" / "timeline.jsonl", ["Once", "Twice"])
+    data = job_data(model_dir)
+    data["input"] = {"path": "in/timeline.jsonl", "format": "openai_jsonl", "batch_rows": 4}
+    job = write_job(tmp_path / "job.yaml", data)
+    rc, _, err = run(job, capsys)
+    assert rc == 2 and "batchgen keeps its own files under this name" in err, err
+    assert not (tmp_path / "out" / "timeline.parquet").exists()
 
 
 def _requests(path: Path, prompts: list[str]) -> Path:
