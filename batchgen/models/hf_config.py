@@ -44,6 +44,10 @@ _IGNORED = frozenset({
     "id2label", "label2id", "problem_type", "chunk_size_feed_forward", "is_encoder_decoder",
     "pad_token_id", "tokenizer_class", "output_router_logits", "router_aux_loss_coef",
     "router_jitter_noise", "pretraining_tp", "unsloth_version", "unsloth_fixed",
+    # nanotron's export marker (SmolLM2): transformers keeps it as a plain attribute, unused.
+    "is_llama_config",
+    # transformers.js's settings for its ONNX runtime (dtype, KV-cache dtype, external data files).
+    "transformers.js_config",
 })  # fmt: skip
 
 # Keys that name a feature batchgen refuses outright, with the reason.
@@ -320,6 +324,8 @@ def _layer_types(keys: _Keys, num_layers: int, derive: Callable[[int], bool]) ->
 
 def _read_llama(keys: _Keys, fields: Mapping[str, Any]) -> dict[str, Any]:
     keys.neutral("mlp_bias", False)
+    # nanotron's rotary layout (SmolLM2): transformers always rotates halves, which is False.
+    keys.neutral("rope_interleaved", False)
     keys.ignore("sliding_window")  # LlamaConfig has none; transformers ignores it
     bias = bool(keys.get("attention_bias", False))
     return {"hidden_act": _activation(keys), "qkv_bias": bias, "attention_out_bias": bias}
@@ -338,6 +344,8 @@ def _qwen_windows(keys: _Keys, fields: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _read_qwen2(keys: _Keys, fields: Mapping[str, Any]) -> dict[str, Any]:
+    # Multimodal rotary sections (Qwen2-VL); Qwen2.5 base configs carry it false.
+    keys.neutral("use_mrope", False)
     return {"hidden_act": _activation(keys), "qkv_bias": True, **_qwen_windows(keys, fields)}
 
 
@@ -394,12 +402,16 @@ def _read_gemma_common(keys: _Keys, fields: Mapping[str, Any], *, pattern: int) 
     keys.ignore("hidden_act")  # transformers' Gemma reads hidden_activation only
     bias = bool(keys.get("attention_bias", False))
     types = _layer_types(keys, fields["num_layers"], lambda i: bool((i + 1) % pattern))
+    window = keys.get("sliding_window", 4096)
+    # Gemma 2 9B/27B repeat the window as sliding_window_size, which transformers never reads;
+    # accepted only when it agrees with sliding_window.
+    keys.neutral("sliding_window_size", window)
     return {
         "hidden_act": _activation(keys, "hidden_activation", "gelu_pytorch_tanh"),
         "qkv_bias": bias,
         "attention_out_bias": bias,
         "query_pre_attn_scalar": float(keys.get("query_pre_attn_scalar", 256)),
-        **_windowed_layers(keys.get("sliding_window", 4096), types),
+        **_windowed_layers(window, types),
     }
 
 
