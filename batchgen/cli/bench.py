@@ -16,7 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -83,6 +83,8 @@ class BenchResult:
     e2e_p50_s: float = 0.0
     e2e_p99_s: float = 0.0
     tpot_mean_s: float = 0.0
+    # Seconds in the sampler (logits processors, draw, logprobs) over the run's steps.
+    sampler_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,6 +185,7 @@ def run_engine(
         output_digest=_digest([collected[i] for i in range(len(prompts))]),
         request_rate=request_rate,
         clock=clock_name,
+        sampler_s=round(engine.sampler_s, 4),
     )
     fields.update(latency_summary([run.metrics[i] for i in sorted(run.metrics)]))
     return BenchResult(**fields)
@@ -379,9 +382,11 @@ def run_workload_bench(
     ignore_eos: bool = False,
     simulate: SimSpec | None = None,
     out: Path | None = None,
+    sampling: Mapping[str, Any] | None = None,
 ) -> list[BenchResult]:
     """One of the ShareGPT workloads (see workloads.py), greedy, stop at EOS (unless
-    `ignore_eos`), through the engine with the given configuration, `repeats` times (a fresh
+    `ignore_eos`; `sampling`: more SamplingParams fields for every request, such as
+    penalties, to measure what they cost), through the engine with the given configuration, `repeats` times (a fresh
     engine each), requests all at once or arriving at `request_rate` (Poisson, seed 0).
 
     `requests_in` replays requests written earlier instead of building them; `requests_out`
@@ -406,7 +411,11 @@ def run_workload_bench(
     if requests_out is not None:
         write_requests(requests_out, requests)
     prompts = [list(r.prompt_token_ids) for r in requests]
-    params = [SamplingParams(temperature=0, max_tokens=r.max_tokens, ignore_eos=ignore_eos) for r in requests]
+    extra = dict(sampling or {})
+    params = [
+        SamplingParams(**{"temperature": 0, **extra, "max_tokens": r.max_tokens, "ignore_eos": ignore_eos})
+        for r in requests
+    ]
     arrivals = poisson_arrivals(len(requests), request_rate)
     results: list[BenchResult] = []
     outputs: dict[int, tuple[int, ...]] = {}
@@ -424,6 +433,10 @@ def run_workload_bench(
     if outputs_out is not None:
         _write_outputs(outputs_out, requests, outputs)
     print(format_table(results))
+    if simulate is None:
+        for r in results:
+            share = r.sampler_s / r.wall_s if r.wall_s else 0.0
+            print(f"sampler: {1000 * r.sampler_s / max(r.num_steps, 1):.2f} ms a step, {share:.1%} of the run")
     if out is not None and engine is not None:
         _write_workload_json(out, results, timelines, engine, model=model, simulate=simulate,
                              block_size=cache_config.block_size)

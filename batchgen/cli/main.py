@@ -10,7 +10,7 @@ import argparse
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from batchgen.cli.bench import SimSpec
@@ -112,6 +112,10 @@ def _bench_workload(args: argparse.Namespace) -> int:
             simulate=simulate,
             out=Path(args.out) if args.out else None,
         )
+        if args.sampling:
+            if args.sweep or simulate is not None:
+                raise ValueError("--sampling applies to a measured --workload run, not to --sweep or --simulate")
+            common["sampling"] = _sampling_overrides(args.sampling)
         if args.sweep:
             from batchgen.cli.bench_sweep import run_sweep
 
@@ -129,6 +133,25 @@ def _bench_workload(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     return 0
+
+
+def _sampling_overrides(items: list[str]) -> dict[str, Any]:
+    """`--sampling KEY=VALUE` pairs as SamplingParams fields (values read as YAML scalars or
+    lists); ValueError names a malformed pair or an unknown field."""
+    import dataclasses
+
+    import yaml
+
+    from batchgen.engine.sampling_params import SamplingParams
+
+    known = {f.name for f in dataclasses.fields(SamplingParams)}
+    overrides: dict[str, Any] = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        if not sep or key.strip() not in known:
+            raise ValueError(f"--sampling {item!r}: expected FIELD=VALUE with a SamplingParams field")
+        overrides[key.strip()] = yaml.safe_load(text)
+    return overrides
 
 
 def _bench_simulation(args: argparse.Namespace) -> SimSpec | None:
@@ -388,6 +411,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bench.add_argument("--request-rate", type=float, default=None, help="requests/s, Poisson arrivals (default: all at once)")
     bench.add_argument("--ignore-eos", action="store_true", help="every request generates its max_tokens")
+    bench.add_argument(
+        "--sampling", action="append", default=[], metavar="KEY=VALUE",
+        help="with --workload: a SamplingParams field for every request (a YAML value), e.g. presence_penalty=0.5",
+    )
     bench.add_argument("--batching", choices=["continuous", "static"], default="continuous", help="with --workload")
     bench.add_argument("--no-chunked-prefill", action="store_true", help="with --workload: each prompt's prefill in one step")
     bench.add_argument("--no-prefix-caching", action="store_true", help="with --workload: the radix prefix cache off")

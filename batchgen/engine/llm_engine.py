@@ -188,6 +188,7 @@ class LLMEngine:
         self._request_ids = itertools.count()
         self._seq_ids = itertools.count()
         self._num_steps = 0
+        self._sampler_s = 0.0  # perf_counter seconds inside Sampler.sample (the bench reads it)
         self._prompt_tokens = 0
         self._generation_tokens = 0
         self._peak_blocks = 0
@@ -453,7 +454,9 @@ class LLMEngine:
         if step_logits.prompt_logits is not None:
             self._collect_prompt_logprobs(step_logits)
         grammar = None if pending is None else pending.result(step_logits.logits.device)
+        sampler_start = time.perf_counter()
         result = self.sampler.sample(step_logits.logits, requests, grammar)
+        self._sampler_s += time.perf_counter() - sampler_start
         if grammar is not None:
             for request_, token in zip(requests, result.token_ids, strict=True):
                 if request_.seq_id is not None and self.structured.is_constrained(request_.seq_id):
@@ -533,6 +536,13 @@ class LLMEngine:
             ),
             prompt_logprobs=request.prompt_logprobs,
         )
+
+    @property
+    def sampler_s(self) -> float:
+        """Seconds (perf_counter) spent in the sampler since the engine started: the logits
+        processors, the draw and the logprobs. On CUDA it includes waiting for the step's
+        kernels, since the sampled ids are copied to the host there."""
+        return self._sampler_s
 
     def stats(self) -> EngineStats:
         sched = self.scheduler.stats()

@@ -134,3 +134,33 @@ def test_a_real_bench_run_records_latency_on_the_cpu_clock(tmp_path: Path) -> No
     saved = json.loads(out.read_text())
     assert saved["run"]["engine"]["num_kv_blocks"] > 0 and saved["results"][0]["ttft_mean_s"] == result.ttft_mean_s
     assert out.with_suffix(".timeline.parquet").is_file()
+
+
+def test_bench_sampling_overrides_reach_every_request_and_the_sampler_is_timed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # `bench --sampling` is how the penalties' cost is measured (issue 21): the fields must
+    # reach the engine (a logit bias makes greedy pick token 5; the penalties then
+    # pushes it down: a random tiny model never repeats a token by itself), and the time in the
+    # sampler is reported beside the run's.
+    from batchgen.cli.main import main
+
+    folder = make_tiny_hf_folder(tmp_path, num_heads=4, num_kv_heads=2, hidden_size=64)
+
+    def bench(*extra: str) -> dict[str, object]:
+        out = tmp_path / f"bench{len(extra)}.json"
+        argv = ["bench", "--model", str(folder), "--workload", "single-turn", "--num-prompts", "4",
+                "--max-tokens", "12", "--ignore-eos", "--device", "cpu", "--quiet", "--out", str(out), *extra]
+        assert main(argv) == 0
+        result: dict[str, object] = json.loads(out.read_text())["results"][0]
+        return result
+
+    plain = bench()
+    biased = bench("--sampling", "logit_bias={5: 50.0}")
+    penalized = bench("--sampling", "logit_bias={5: 50.0}", "--sampling", "presence_penalty=2.0",
+                      "--sampling", "frequency_penalty=2.0", "--sampling", "repetition_penalty=100")
+    assert len({plain["output_digest"], biased["output_digest"], penalized["output_digest"]}) == 3
+    assert 0 < float(str(penalized["sampler_s"])) < float(str(penalized["wall_s"]))
+    assert "ms a step" in capsys.readouterr().out
+    assert main(["bench", "--workload", "single-turn", "--sampling", "nope=1"]) == 2
+    assert "expected FIELD=VALUE" in capsys.readouterr().err
