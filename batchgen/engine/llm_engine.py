@@ -371,8 +371,6 @@ class LLMEngine:
                     detok.finish()  # its stop string, if any, wins in _finish
                 elif matched is not None:
                     self.scheduler.finish(seq.seq_id, "stop", matched)
-            if not seq.is_finished and self.structured.is_complete(seq.seq_id):
-                self.scheduler.finish(seq.seq_id, "stop", None)  # nothing but EOS could follow
             touched[request.request_id] = request
         for request in touched.values():
             if all(s.is_finished for s in request.seqs):
@@ -457,10 +455,13 @@ class LLMEngine:
         sampler_start = time.perf_counter()
         result = self.sampler.sample(step_logits.logits, requests, grammar)
         self._sampler_s += time.perf_counter() - sampler_start
+        completed: set[int] = set()
         if grammar is not None:
             for request_, token in zip(requests, result.token_ids, strict=True):
                 if request_.seq_id is not None and self.structured.is_constrained(request_.seq_id):
                     self.structured.advance(request_.seq_id, token)
+                    if self.structured.is_complete(request_.seq_id):
+                        completed.add(request_.seq_id)
         sampled: dict[int, list[int]] = {}
         logprobs: dict[int, list[dict[int, float]]] = {}
         for seq_id, token, lp in zip(owners, result.token_ids, result.logprobs, strict=True):
@@ -470,6 +471,7 @@ class LLMEngine:
         return StepResult(
             sampled={seq_id: tuple(tokens) for seq_id, tokens in sampled.items()},
             logprobs={seq_id: tuple(lps) for seq_id, lps in logprobs.items()},
+            completed=frozenset(completed),
         )
 
     def _collect_prompt_logprobs(self, step_logits: StepLogits) -> None:

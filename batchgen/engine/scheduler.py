@@ -311,9 +311,9 @@ class Scheduler:
                 copy = self._fork(seq, child)
                 if copy is not None:
                     self._pending_copies.append(copy)
-                self._append(child, tokens[i], token_logprobs[i] if token_logprobs else None)
+                self._append(child, tokens[i], token_logprobs[i] if token_logprobs else None, result.completed)
                 advanced.append(child)
-            self._append(seq, tokens[0], token_logprobs[0] if token_logprobs else None)
+            self._append(seq, tokens[0], token_logprobs[0] if token_logprobs else None, result.completed)
             advanced.append(seq)
         return advanced
 
@@ -338,7 +338,9 @@ class Scheduler:
         self._running.append(child)
         return result.copy
 
-    def _append(self, seq: Sequence, token: int, token_logprobs: dict[int, float] | None) -> None:
+    def _append(
+        self, seq: Sequence, token: int, token_logprobs: dict[int, float] | None, completed: frozenset[int]
+    ) -> None:
         seq.token_ids.append(token)
         if token_logprobs is not None:
             seq.logprobs.append(token_logprobs)
@@ -347,6 +349,8 @@ class Scheduler:
             self.finish(seq.seq_id, "stop", None)
         elif token in params.stop_token_ids:
             self.finish(seq.seq_id, "stop", token)
+        elif seq.seq_id in completed:  # its grammar is complete: a whole answer, not a cut one
+            self.finish(seq.seq_id, "stop", None)
         elif seq.num_generated_tokens >= params.max_tokens or seq.num_tokens >= self._max_model_len:
             self.finish(seq.seq_id, "length", None)
 

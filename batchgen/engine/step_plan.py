@@ -64,3 +64,6 @@ class StepResult:
 
     sampled: Mapping[int, tuple[int, ...]]
     logprobs: Mapping[int, tuple[dict[int, float], ...]] | None = None
+    # Sequences whose structured-output grammar is complete with this step's token: nothing
+    # but EOS may follow, so they end with "stop", even on their max_tokens-th token.
+    completed: frozenset[int] = frozenset()

@@ -188,6 +188,21 @@ def test_finishes_as_soon_as_the_grammar_completes(llm: LLM) -> None:
     assert llm.tokenizer.decode(list(sample.token_ids)) == "a long answer"
 
 
+def test_a_grammar_completed_on_the_last_allowed_token_is_a_stop(llm: LLM) -> None:
+    """The answer is whole when its grammar completes on the max_tokens-th token: `stop`, not
+    `length` (it was `length` with grammar_completed True, and the summary counted it twice)."""
+    needed = len(llm.generate(["x"], SamplingParams(max_tokens=20, temperature=0, structured_outputs={"choice": ["a long answer"]}),
+                              use_tqdm=False)[0].outputs[0].token_ids)
+    params = SamplingParams(max_tokens=needed, temperature=0, structured_outputs={"choice": ["a long answer"]})
+    sample = llm.generate(["x"], params, use_tqdm=False)[0].outputs[0]
+    assert (sample.text, sample.finish_reason, sample.grammar_completed, len(sample.token_ids)) == (
+        "a long answer", "stop", True, needed
+    )
+    short = SamplingParams(max_tokens=needed - 1, temperature=0, structured_outputs={"choice": ["a long answer"]})
+    cut = llm.generate(["x"], short, use_tqdm=False)[0].outputs[0]
+    assert (cut.finish_reason, cut.grammar_completed) == ("length", False)
+
+
 def test_the_grammar_wins_over_a_conflicting_allowed_list(llm: LLM) -> None:
     tok = llm.tokenizer
     digits = [tok.encode(str(d), add_special_tokens=False)[0] for d in range(10)]
