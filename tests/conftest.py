@@ -26,3 +26,7 @@ from hypothesis import settings  # noqa: E402
 settings.register_profile("ci", derandomize=True, deadline=None, database=None, print_blob=True)
 settings.register_profile("explore", deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+# Tests that load the built-in model or run a job in a subprocess must be marked slow (checked
+# while they run: tests/slow_guard.py).
+pytest_plugins = ("tests.slow_guard",)
