@@ -130,6 +130,10 @@ def check_parity(
                 )
             mode_tokens.append(tokens)
         report.tokens[mode] = mode_tokens
+    # A model sure of every token (log-probability 0) would hide any error: not a test.
+    top1 = torch.cat([ref.max(dim=-1).values for ref in cache.values()])
+    unsure = float((top1 < -1e-3).float().mean())
+    assert unsure >= 0.5, f"the reference is all but certain of {1 - unsure:.0%} of the tokens; pick a less saturated model"
     first = next(iter(report.tokens.values()))
     report.modes_agree = all(t == first for t in report.tokens.values())
     if "preempt" in modes:
