@@ -31,6 +31,7 @@ from types import ModuleType
 
 import torch
 
+from .cpu_memory import lazy_zeros
 from .metadata import AttentionMetadata
 
 __all__ = [
@@ -135,8 +136,9 @@ def cpu_kv_cache(
     `[num_blocks, num_kv_heads, block_size, head_dim]`. Indexing, copies and the PyTorch path see
     ordinary tensors; `paged_attention_cpu` requires this layout.
     """
-    k = torch.zeros(num_blocks, num_kv_heads, head_dim, block_size, dtype=dtype).permute(0, 3, 1, 2)
-    v = torch.zeros(num_blocks, num_kv_heads, block_size, head_dim, dtype=dtype).permute(0, 2, 1, 3)
+    # committed page by page as blocks are written (`lazy_zeros`), not all at once
+    k = lazy_zeros((num_blocks, num_kv_heads, head_dim, block_size), dtype).permute(0, 3, 1, 2)
+    v = lazy_zeros((num_blocks, num_kv_heads, block_size, head_dim), dtype).permute(0, 2, 1, 3)
     return k, v
 
 

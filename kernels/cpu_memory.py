@@ -15,15 +15,25 @@ stays at its peak instead of shrinking between steps. Setting either threshold b
 glibc's own adaptive threshold off, which is why both are set together (the trim threshold
 alone sends every allocation above 128 KiB to mmap: 4M faults). The setting is process-wide;
 other C libraries (musl) and other systems are left alone.
+
+`lazy_zeros` is the other half of the CPU's memory story: a KV pool sized for the worst case
+(gigabytes) whose pages are committed only as blocks are first written. `torch.zeros` writes
+every page at once (a 4 GiB pool is 4 GiB resident before the first step); a fresh private
+anonymous mapping reads as zeros and takes physical memory page by page as it is written, so
+resident KV memory follows the blocks a run has used, not the pool's size.
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
+import math
+import mmap
 import platform
 
-__all__ = ["keep_freed_memory"]
+import torch
+
+__all__ = ["keep_freed_memory", "lazy_zeros"]
 
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
@@ -42,3 +52,14 @@ def keep_freed_memory() -> bool:
         return False
     ok: bool = libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD) == 1
     return ok and bool(libc.mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD) == 1)
+
+
+def lazy_zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """A contiguous CPU tensor of zeros backed by its own anonymous mapping: no page is resident
+    until it is written (reads of untouched pages see the kernel's shared zero page). The
+    mapping lives as long as the tensor (torch keeps the buffer) and is page-aligned."""
+    nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    if nbytes == 0:
+        return torch.zeros(shape, dtype=dtype)
+    buffer = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    return torch.frombuffer(buffer, dtype=dtype).view(shape)

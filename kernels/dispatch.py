@@ -30,6 +30,7 @@ from .attention_cpu import (
     write_kv_cpu,
 )
 from .attention_torch import paged_attention_torch, write_kv_torch
+from .cpu_memory import lazy_zeros
 from .metadata import AttentionMetadata
 
 __all__ = [
@@ -90,6 +91,8 @@ def new_kv_cache(
     if device.type == "cpu" and dtype == torch.float32 and resolve_backend(backend, device) == "cpu":
         return cpu_kv_cache(num_blocks, block_size, num_kv_heads, head_dim, dtype=dtype)
     shape = (num_blocks, block_size, num_kv_heads, head_dim)
+    if device.type == "cpu":  # pages committed as blocks are first written
+        return lazy_zeros(shape, dtype), lazy_zeros(shape, dtype)
     return torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device)
 
 

