@@ -85,6 +85,11 @@ class BenchResult:
     tpot_mean_s: float = 0.0
     # Seconds in the sampler (logits processors, draw, logprobs) over the run's steps.
     sampler_s: float = 0.0
+    # Structured output: steps with constrained rows, the worker's mask fill time and the time
+    # steps waited for it after their forward pass (batchgen.engine.structured.StructuredStats).
+    masked_steps: int = 0
+    mask_fill_s: float = 0.0
+    mask_wait_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,6 +173,7 @@ def run_engine(
     collected.update(run.outputs)
     wall = max(run.wall_s, 1e-9)
     stats = engine.stats()
+    structured = engine.structured.stats()
     prompt_tokens = sum(len(p) for p in prompts)
     fields: dict[str, Any] = dict(
         mode=desc,
@@ -186,6 +192,9 @@ def run_engine(
         request_rate=request_rate,
         clock=clock_name,
         sampler_s=round(engine.sampler_s, 4),
+        masked_steps=structured.num_masked_steps,
+        mask_fill_s=round(structured.fill_s, 4),
+        mask_wait_s=round(structured.wait_s, 4),
     )
     fields.update(latency_summary([run.metrics[i] for i in sorted(run.metrics)]))
     return BenchResult(**fields)
@@ -437,6 +446,9 @@ def run_workload_bench(
         for r in results:
             share = r.sampler_s / r.wall_s if r.wall_s else 0.0
             print(f"sampler: {1000 * r.sampler_s / max(r.num_steps, 1):.2f} ms a step, {share:.1%} of the run")
+            if r.masked_steps:
+                print(f"grammar masks: {r.masked_steps} steps, filled in {1000 * r.mask_fill_s / r.masked_steps:.2f} ms a "
+                      f"step on the worker, waited for {1000 * r.mask_wait_s / r.masked_steps:.3f} ms a step")
     if out is not None and engine is not None:
         _write_workload_json(out, results, timelines, engine, model=model, simulate=simulate,
                              block_size=cache_config.block_size)

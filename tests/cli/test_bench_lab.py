@@ -162,5 +162,9 @@ def test_bench_sampling_overrides_reach_every_request_and_the_sampler_is_timed(
     assert len({plain["output_digest"], biased["output_digest"], penalized["output_digest"]}) == 3
     assert 0 < float(str(penalized["sampler_s"])) < float(str(penalized["wall_s"]))
     assert "ms a step" in capsys.readouterr().out
+    assert plain["masked_steps"] == 0
+    constrained = bench("--sampling", "structured_outputs={regex: '[a-z]+'}")
+    assert int(str(constrained["masked_steps"])) >= 12 and float(str(constrained["mask_fill_s"])) > 0
+    assert "grammar masks: " in capsys.readouterr().out
     assert main(["bench", "--workload", "single-turn", "--sampling", "nope=1"]) == 2
     assert "expected FIELD=VALUE" in capsys.readouterr().err
