@@ -37,6 +37,7 @@ Layout (every key but ``input.path`` and ``output.path`` is optional; defaults s
       max_num_seqs: 256
       max_num_batched_tokens: 2048
       batching: continuous      # continuous | static
+      enable_chunked_prefill: true  # false: a prompt's prefill in one step (before Sarathi-Serve)
       block_size: 16
       enable_prefix_caching: true
       num_kv_blocks: null       # or kv_cache_memory_bytes: null (null: sized from the device)
