@@ -14,6 +14,7 @@ from batchgen.engine.outputs import RequestOutput
 from batchgen.engine.sampling_params import SamplingParams
 from batchgen.engine.scoring import ScoreOutput, score_output
 from batchgen.models.checkpoint import load_checkpoint
+from batchgen.tokenizer.chat_options import ChatOptions
 
 __all__ = ["LLM"]
 
@@ -70,9 +71,27 @@ class LLM:
         conversations: Conversation | Sequence[Conversation],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = True,
+        *,
+        chat_template: str | None = None,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
     ) -> list[RequestOutput]:
         """Render each conversation ({"role", "content"} messages) with the model's chat template
-        and generate the assistant's reply. Raises ChatTemplateError for a malformed conversation."""
+        and generate the assistant's reply.
+
+        Chat options keep vLLM's names: `chat_template` replaces the tokenizer's template (a Jinja
+        string), `chat_template_kwargs` are extra variables the template sees (JSON values, e.g.
+        ``{"enable_thinking": False}``), `continue_final_message` (with `add_generation_prompt`
+        False) continues the final message instead of opening a new assistant turn. Raises
+        ValueError for bad options (both booleans True included) and ChatTemplateError for a
+        malformed conversation or a template that fails."""
+        options = ChatOptions.create(
+            template=chat_template,
+            template_kwargs=chat_template_kwargs,
+            add_generation_prompt=add_generation_prompt,
+            continue_final_message=continue_final_message,
+        )
         if conversations and isinstance(conversations[0], Mapping):
             convs: list[Conversation] = [conversations]  # type: ignore[list-item]
         else:
@@ -80,7 +99,7 @@ class LLM:
         tok = self.engine.tokenizer
         token_lists: list[tuple[str | None, list[int]]] = []
         for conv in convs:
-            text = tok.apply_chat_template(conv, add_generation_prompt=True)
+            text = tok.apply_chat_template(conv, options=options)
             token_lists.append((text, tok.encode(text, add_special_tokens=False)))
         return self._run(token_lists, sampling_params, use_tqdm)
 

@@ -33,6 +33,15 @@ Layout (every key but ``input.path`` and ``output.path`` is optional; defaults s
       include_token_ids: false
       include_logprobs: false   # task score: the score_token_logprobs column
     sampling: {max_tokens: 16, temperature: 1.0}   # any SamplingParams field
+    chat:                       # how chats (columns.messages) are rendered; vLLM's chat options
+      template: null            # a Jinja chat template (the text, e.g. a YAML `|` block) used
+                                #   instead of the tokenizer's
+      template_kwargs: {}       # extra variables the template sees (vLLM's chat_template_kwargs),
+                                #   e.g. {enable_thinking: false} for Qwen3
+      add_generation_prompt: true   # end with the header of a new assistant turn
+      continue_final_message: false # continue the final message instead (transformers' way: no
+                                #   end-of-turn after its content); needs add_generation_prompt
+                                #   false. Task score takes template and template_kwargs only
     engine:                     # SchedulerConfig, CacheConfig and RunnerConfig fields
       max_num_seqs: 256
       max_num_batched_tokens: 2048
@@ -79,11 +88,12 @@ Invariants:
   windows, engine sizes) stay out so a resumed job may change them.
 
 May import: the standard library, yaml, batchgen.io, batchgen.engine.config,
-batchgen.engine.sampling_params. Never torch.
+batchgen.engine.sampling_params, batchgen.tokenizer.chat_options. Never torch.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Literal, get_args
@@ -94,6 +104,7 @@ from batchgen.engine.sampling_params import SamplingParams
 from batchgen.engine.structured.params import StructuredOutputsParams
 from batchgen.io import ColumnMap, resolve_path
 from batchgen.io.openai_batch import DEFAULT_MAX_LINE_BYTES
+from batchgen.tokenizer.chat_options import ChatOptions
 
 __all__ = [
     "Executor",
@@ -234,6 +245,7 @@ class JobConfig:
     report: bool = True
     timeline_rows: int = 1024
     task: Task = "generate"
+    chat: ChatOptions = dataclasses.field(default_factory=ChatOptions)
 
     def __post_init__(self) -> None:
         if self.model is not None:
@@ -259,6 +271,8 @@ class JobConfig:
         check_int("timeline_rows", self.timeline_rows, minimum=2)
         if self.timeline_rows % 2:
             raise ValueError(f"timeline_rows: expected an even number, got {self.timeline_rows}")
+        if not isinstance(self.chat, ChatOptions):
+            raise ValueError(f"chat: expected ChatOptions, got {self.chat!r}")
         self._check_task()
 
     def _check_task(self) -> None:
@@ -272,6 +286,16 @@ class JobConfig:
             raise ValueError("task: score needs input.columns.completion (the text or chat to score)")
         if columns.sampling_params is not None:
             raise ValueError("input.columns.sampling_params: task score draws no tokens; drop the column")
+        # A scored chat's prompt is rendered with the generation prompt, then the reply follows.
+        for key, value, default in (
+            ("continue_final_message", self.chat.continue_final_message, False),
+            ("add_generation_prompt", self.chat.add_generation_prompt, True),
+        ):
+            if value != default:
+                raise ValueError(
+                    f"chat.{key}: task score renders the prompt with the generation prompt before "
+                    "the scored reply; remove the key (chat.template and chat.template_kwargs apply)"
+                )
         if self.sampling != SamplingParams():
             raise ValueError("sampling: task score draws no tokens; remove the sampling section")
         if "openai_jsonl" in (self.io.input_format, self.io.output_format):
@@ -288,8 +312,8 @@ class JobConfig:
     def fingerprint_fields(self) -> dict[str, Any]:
         """The JSON-able settings that change output rows (stored in the manifest; a resumed
         job must match them): columns, all sampling fields, seed, prompt_too_long, runner dtype
-        and max_model_len, the optional output columns, and the input/output formats when not
-        Parquet. The model is fingerprinted by its contents (`Checkpoint.fingerprint`), not by
+        and max_model_len, the optional output columns, the input/output formats when not
+        Parquet, and the chat options when not the defaults. The model is fingerprinted by its contents (`Checkpoint.fingerprint`), not by
         the path written here, so a copied model folder resumes."""
         columns = self.io.columns
         result: dict[str, Any] = {
@@ -319,6 +343,8 @@ class JobConfig:
             result["format"] = {"input": self.io.input_format, "output": self.io.output_format}
         if self.io.input_format == "openai_jsonl" and self.io.max_line_bytes != DEFAULT_MAX_LINE_BYTES:
             result["format"]["max_line_bytes"] = self.io.max_line_bytes
+        if not self.chat.is_default:
+            result["chat"] = self.chat.fingerprint()
         return result
 
 

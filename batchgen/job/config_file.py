@@ -24,6 +24,7 @@ from batchgen.engine.sampling_params import SamplingParams
 from batchgen.io import ColumnMap
 from batchgen.io.openai_batch import OPENAI_COLUMNS
 from batchgen.job.config import IoConfig, JobConfig, JobConfigError, RayConfig
+from batchgen.tokenizer.chat_options import CHAT_OPTION_KEYS, ChatOptions
 
 __all__ = ["job_config_from_dict", "job_config_with_overrides", "load_job_config"]
 
@@ -47,6 +48,7 @@ _TOP_KEYS = (
     "report",
     "timeline_rows",
     "task",
+    "chat",
 )
 _INPUT_KEYS = ("path", "format", "columns", "batch_rows", "max_line_bytes")
 _COLUMN_KEYS = ("id", "prompt", "messages", "prompt_token_ids", "sampling_params", "passthrough", "completion")
@@ -60,6 +62,7 @@ _SECTION_KEYS: dict[str, tuple[str, ...]] = {
     "sampling": _SAMPLING_KEYS,
     "engine": tuple(ENGINE_OPTION_OWNERS),
     "ray": _RAY_KEYS,
+    "chat": CHAT_OPTION_KEYS,
 }
 
 
@@ -196,6 +199,17 @@ def _ray(data: Mapping[str, Any]) -> RayConfig:
     return RayConfig(**_section(data, "", "ray", required=False))
 
 
+def _chat(data: Mapping[str, Any]) -> ChatOptions:
+    values = _section(data, "", "chat", required=False)
+    kwargs = values.get("template_kwargs")
+    if kwargs is not None and not isinstance(kwargs, Mapping):
+        raise ValueError(f"chat.template_kwargs: expected a mapping of variable names to values, got {kwargs!r}")
+    try:
+        return ChatOptions.from_mapping(values)
+    except ValueError as exc:
+        raise ValueError(_rekey(exc, "chat")) from exc
+
+
 def job_config_from_dict(data: Mapping[str, Any], *, source: Path, base_dir: Path) -> JobConfig:
     """Validate a parsed job file. Raises JobConfigError naming `source` and the key."""
     try:
@@ -210,7 +224,7 @@ def job_config_from_dict(data: Mapping[str, Any], *, source: Path, base_dir: Pat
         optional = {
             f.name: data[f.name]
             for f in fields(JobConfig)
-            if f.default is not MISSING and f.name in data and f.name != "ray"
+            if f.default is not MISSING and f.name in data and f.name not in ("ray", "chat")
         }
         return JobConfig(
             base_dir=base_dir,
@@ -222,6 +236,7 @@ def job_config_from_dict(data: Mapping[str, Any], *, source: Path, base_dir: Pat
             cache=engine.cache,
             runner=engine.runner,
             ray=_ray(data),
+            chat=_chat(data),
             **optional,
         )
     except ValueError as exc:

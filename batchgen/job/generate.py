@@ -23,6 +23,7 @@ from batchgen.job.pipeline import run_pipeline_sync
 from batchgen.job.prepare import RowPreparer
 from batchgen.job.stages import PipelineOptions, ShardMeta, ShardStats
 from batchgen.models.checkpoint import load_checkpoint
+from batchgen.tokenizer.chat_options import ChatOptions
 
 __all__ = ["TableGenerator", "generate"]
 
@@ -78,6 +79,7 @@ class TableGenerator:
         include_token_ids: bool = False,
         include_logprobs: bool = False,
         use_tqdm: bool = True,
+        chat: ChatOptions | Mapping[str, Any] | None = None,
         **engine_options: Any,
     ) -> None:
         engine_config = engine_configs(engine_options)
@@ -86,6 +88,7 @@ class TableGenerator:
         if prompt_too_long not in ("error", "truncate_left", "truncate_right"):
             raise ValueError(f"prompt_too_long must be error, truncate_left or truncate_right, got {prompt_too_long!r}")
         self._params = sampling if isinstance(sampling, SamplingParams) else SamplingParams.from_mapping(sampling or {})
+        chat_options = chat if isinstance(chat, ChatOptions) else ChatOptions.from_mapping(chat or {})
         uses_prompt = messages_column is None and prompt_token_ids_column is None
         self._prompt_column = prompt_column if uses_prompt else None
         self._messages_column = messages_column
@@ -105,6 +108,7 @@ class TableGenerator:
             prompt_too_long=prompt_too_long,  # type: ignore[arg-type]
             job_seed=seed,
             now=datetime.now(),
+            chat=chat_options,
         )
         self._options = PipelineOptions(
             columns=ColumnMap(
@@ -204,12 +208,16 @@ def generate(
     include_token_ids: bool = False,
     include_logprobs: bool = False,
     use_tqdm: bool = True,
+    chat: ChatOptions | Mapping[str, Any] | None = None,
     **engine_options: Any,
 ) -> Any:
     """Generate for every row of `table` (a pyarrow.Table, polars.DataFrame or
     pandas.DataFrame, converted by pyarrow; its index is not kept). The prompt is
     `prompt_column` (text), `messages_column` (chats) or `prompt_token_ids_column` (lists of
-    token ids).
+    token ids). `chat` says how chats render, as a job file's `chat:` section does: a mapping
+    with `template` (a Jinja string replacing the tokenizer's), `template_kwargs` (extra template
+    variables, e.g. ``{"enable_thinking": False}``), `add_generation_prompt` and
+    `continue_final_message`, or a `ChatOptions`.
 
     Returns the same kind of table: the input columns, then `sample_index`, `output`,
     `finish_reason`, `stop_reason`, `usage`, `error`, `seed` (and `output_token_ids`,
@@ -235,6 +243,7 @@ def generate(
         include_token_ids=include_token_ids,
         include_logprobs=include_logprobs,
         use_tqdm=use_tqdm,
+        chat=chat,
         **engine_options,
     )
     return generator(table)

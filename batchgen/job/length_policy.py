@@ -42,7 +42,7 @@ __all__ = ["TOKEN_MARGIN", "LengthPolicy", "PolicyName", "chars_per_token"]
 PolicyName = Literal["error", "truncate_left", "truncate_right"]
 TOKEN_MARGIN = 64  # tokens of slack past max_model_len in the character bound
 
-# Renders a chat (with the generation prompt) with its output capped at the given number of
+# Renders a chat (under the job's chat options) with its output capped at the given number of
 # characters; raises ChatTemplateTooLong past it, ChatTemplateError when the template fails.
 ChatRenderer = Callable[[list[Any], int], str]
 

@@ -13,7 +13,9 @@ template that fails or passes its sandbox's limits (`batchgen.tokenizer.chat_tem
 ``chat_template_error`` row.
 
 Chat templates see ``strftime_now`` at the job's pinned time (`RowPreparer` ``now``), so a
-resumed job renders the same prompts on another day.
+resumed job renders the same prompts on another day, and render under the job's chat options
+(`batchgen.tokenizer.chat_options`: an override template, template kwargs, the generation prompt
+or continuing the final message).
 
 Scoring rows (``task: score``, `batchgen.job.score_rows`): each row's prompt (text, chat or
 token ids) and completion (text, encoded without special tokens) become one request whose
@@ -44,10 +46,10 @@ from batchgen.job.length_policy import LengthPolicy, PolicyName
 from batchgen.job.row_error import RowError
 from batchgen.job.score_rows import SCORE_PARAMS, fit_score, split_chat_completion
 from batchgen.job.structured_rows import sampling_params_error
+from batchgen.tokenizer.chat_options import ChatOptions, render_chat
 from batchgen.tokenizer.chat_template import (
     ChatTemplateError,
     ChatTemplateTooLong,
-    render_chat_template,
     validate_messages,
 )
 from batchgen.tokenizer.tokenizer import Tokenizer
@@ -118,9 +120,13 @@ class RowPreparer:
         job_seed: int,
         now: datetime,
         vocab_size: int | None = None,
+        chat: ChatOptions | None = None,
     ) -> None:
-        """`vocab_size` bounds token-id prompts (default: the tokenizer's vocabulary)."""
+        """`vocab_size` bounds token-id prompts (default: the tokenizer's vocabulary); `chat`
+        says how chats render (default `ChatOptions()`: the tokenizer's template with the
+        generation prompt)."""
         self._tokenizer = tokenizer
+        self._chat = ChatOptions() if chat is None else chat
         self._vocab_size = tokenizer.vocab_size if vocab_size is None else vocab_size
         self._sampling = sampling
         self._policy = prompt_too_long
@@ -439,15 +445,13 @@ class RowPreparer:
             return None, RowError("chat_template_error", str(exc))
 
     def _chat_text(self, messages: list[Any], max_output_chars: int) -> str:
-        """The prompt text of `messages` with the generation prompt, at the pinned time; raises
-        ChatTemplateTooLong past `max_output_chars` characters."""
+        """The prompt text of `messages` under the job's chat options, at the pinned time;
+        raises ChatTemplateTooLong past `max_output_chars` characters."""
         tok = self._tokenizer
-        if tok.chat_template is None:
-            raise ChatTemplateError("the tokenizer has no chat template")
-        return render_chat_template(
-            tok.chat_template,
+        return render_chat(
             messages,
-            add_generation_prompt=True,
+            self._chat,
+            default_template=tok.chat_template,
             bos_token=tok.bos_token,
             eos_token=tok.eos_token,
             max_output_chars=max_output_chars,

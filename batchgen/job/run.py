@@ -297,6 +297,7 @@ def build_job_engine(config: JobConfig, checkpoint: Checkpoint, job_time: str) -
         prompt_too_long=config.prompt_too_long,
         job_seed=config.seed,
         now=datetime.fromisoformat(job_time),
+        chat=config.chat,
     )
     return engine, preparer
 

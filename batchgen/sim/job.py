@@ -123,6 +123,7 @@ def _preparer(config: JobConfig, model: SimModel, sim: SimEngine, now: datetime)
         job_seed=config.seed,
         now=now,
         vocab_size=model.config.vocab_size,
+        chat=config.chat,
     )
 
 

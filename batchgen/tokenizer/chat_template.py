@@ -5,7 +5,9 @@ an `ImmutableSandboxedEnvironment` with `trim_blocks` and `lstrip_blocks`, the `
 extension, a `{% generation %}` block tag (rendered as its body), the globals `raise_exception`,
 `strftime_now`, `dict` and a `namespace` that refuses underscore names, and a `tojson` filter that
 does not escape HTML. The template sees `messages`, `tools=None`, `documents=None`,
-`add_generation_prompt`, `bos_token`, `eos_token` and any extra keyword.
+`add_generation_prompt`, `bos_token`, `eos_token` and any extra keyword (`render_checked_messages`
+takes messages already validated, and template kwargs that count toward the limits below; chat
+options are applied by `batchgen.tokenizer.chat_options`).
 
 Every failure -- malformed messages, a template that does not compile, a template that raises
 any exception (RecursionError, OverflowError, MemoryError included) or passes a limit -- is a
@@ -16,9 +18,9 @@ Limits (`template_sandbox`, `template_limits`): the render is streamed and stops
 `ChatTemplateTooLong` once the output passes `max_output_chars` (default
 `DEFAULT_MAX_OUTPUT_CHARS` = 8 Mi characters; the prepare stage passes its own bound from
 max_model_len). Any value the template builds, and all it prints, is capped at
-`max(MIN_VALUE_CHARS, 4 x the printed size of the messages)` characters (4 Mi at least), so a
+`max(MIN_VALUE_CHARS, 4 x the printed size of the messages and template kwargs)` characters (4 Mi at least), so a
 huge conversation still renders while `"a" * 10**10` does not; a render may take
-`BASE_STEPS + STEPS_PER_INPUT_NODE x (values in the messages)` steps (loop iterations, calls,
+`BASE_STEPS + STEPS_PER_INPUT_NODE x (values in the messages and template kwargs)` steps (loop iterations, calls,
 operators, printed values) and `MAX_SECONDS` of wall time.
 
 Imports jinja2 and the tokenizer package's template_sandbox / template_limits modules.
@@ -45,7 +47,9 @@ __all__ = [
     "DEFAULT_MAX_OUTPUT_CHARS",
     "ChatTemplateError",
     "ChatTemplateTooLong",
+    "compile_chat_template",
     "render_chat_template",
+    "render_checked_messages",
     "validate_messages",
 ]
 
@@ -147,9 +151,35 @@ def render_chat_template(
     ChatTemplateError for malformed messages, a template that fails to compile, raises any
     exception while rendering (chained) or passes a limit of the module docstring.
     """
-    checked = validate_messages(messages)
+    return render_checked_messages(
+        template,
+        validate_messages(messages),
+        add_generation_prompt=add_generation_prompt,
+        bos_token=bos_token,
+        eos_token=eos_token,
+        max_output_chars=max_output_chars,
+        extra=extra,
+    )
+
+
+def render_checked_messages(
+    template: str,
+    checked: list[dict[str, Any]],
+    *,
+    add_generation_prompt: bool,
+    bos_token: str | None,
+    eos_token: str | None,
+    max_output_chars: int = DEFAULT_MAX_OUTPUT_CHARS,
+    template_kwargs: Mapping[str, Any] | None = None,
+    extra: Mapping[str, Any] | None = None,
+) -> str:
+    """`render_chat_template` of messages that `validate_messages` returned. `template_kwargs`
+    (plain data, e.g. a chat option's) count with the messages toward the value and step
+    limits; `extra` (e.g. a pinned `strftime_now`) does not. Both are visible to the template;
+    neither may replace `messages` or `add_generation_prompt`. Raises as `render_chat_template`."""
     compiled = _compile(template)
-    input_size = text_size(checked, limit=1 << 62)
+    data = dict(template_kwargs or {})
+    input_size = text_size([checked, data] if data else checked, limit=1 << 62)
     limits = TemplateLimits(
         max_value_chars=max(MIN_VALUE_CHARS, 4 * input_size.chars),
         max_steps=BASE_STEPS + STEPS_PER_INPUT_NODE * input_size.nodes,
@@ -160,7 +190,8 @@ def render_chat_template(
         "documents": None,
         "bos_token": bos_token,
         "eos_token": eos_token,
-        **extra,
+        **data,
+        **(extra or {}),
         "messages": checked,
         "add_generation_prompt": add_generation_prompt,
         BUDGET_KEY: RenderBudget(limits),
@@ -262,6 +293,12 @@ class _GenerationBlock(jinja2.ext.Extension):
 
     def _render_body(self, caller: jinja2.runtime.Macro) -> str:
         return str(caller())
+
+
+def compile_chat_template(template: str) -> None:
+    """Check that `template` compiles (the compiled template is cached for the renders);
+    raises ChatTemplateError when it does not."""
+    _compile(template)
 
 
 @functools.lru_cache(maxsize=64)

@@ -10,7 +10,7 @@ different one, control tokens as special added tokens, and a post-processor that
 Invariants: the backend never truncates or pads; the object is immutable after construction, so
 it may be shared by worker threads. `fingerprint` hashes everything that changes ids or prompts.
 
-Imports `tokenizers` and `batchgen.tokenizer.chat_template`; no torch.
+Imports `tokenizers` and the tokenizer package's chat modules; no torch.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from tokenizers import Tokenizer as _Backend
 
-from batchgen.tokenizer.chat_template import ChatTemplateError, render_chat_template
+from batchgen.tokenizer.chat_options import ChatOptions, render_chat
 from batchgen.tokenizer.gguf_vocab import gguf_tokenizer
 
 if TYPE_CHECKING:
@@ -224,25 +224,35 @@ class Tokenizer:
     # ---------------------------------------------------------------- chat
 
     def apply_chat_template(
-        self, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool = True
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        add_generation_prompt: bool | None = None,
+        options: ChatOptions | None = None,
     ) -> str:
-        """The prompt text for `messages`. Raises ChatTemplateError when there is no template,
-        the messages are malformed, or the template fails."""
-        if self.chat_template is None:
-            raise ChatTemplateError("the tokenizer has no chat template")
-        return render_chat_template(
-            self.chat_template,
+        """The prompt text for `messages` under `options` (default `ChatOptions()`: the
+        tokenizer's template with the generation prompt). `add_generation_prompt` is a shorthand
+        for `ChatOptions(add_generation_prompt=...)`; giving it with `options` is a TypeError.
+        Raises ChatTemplateError when there is no template, the messages are malformed, or the
+        template fails."""
+        return render_chat(
             messages,
-            add_generation_prompt=add_generation_prompt,
+            _chat_options(add_generation_prompt, options),
+            default_template=self.chat_template,
             bos_token=self.bos_token,
             eos_token=self.eos_token,
         )
 
     def encode_chat(
-        self, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool = True
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        add_generation_prompt: bool | None = None,
+        options: ChatOptions | None = None,
     ) -> list[int]:
-        """Render then encode without adding special tokens (the template writes them)."""
-        prompt = self.apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
+        """Render (as `apply_chat_template`) then encode without adding special tokens (the
+        template writes them)."""
+        prompt = self.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, options=options)
         return self.encode(prompt, add_special_tokens=False)
 
     # ---------------------------------------------------------------- saving
@@ -265,3 +275,11 @@ class Tokenizer:
         (folder / "tokenizer_config.json").write_text(
             json.dumps(config, indent=2, ensure_ascii=False) + "\n", encoding="utf-8"
         )
+
+
+def _chat_options(add_generation_prompt: bool | None, options: ChatOptions | None) -> ChatOptions:
+    if options is None:
+        return ChatOptions() if add_generation_prompt is None else ChatOptions(add_generation_prompt=add_generation_prompt)
+    if add_generation_prompt is not None:
+        raise TypeError("give add_generation_prompt inside options (ChatOptions), not beside it")
+    return options

@@ -123,6 +123,26 @@ def test_chat_uses_the_template(llm: LLM) -> None:
     assert "<|im_start|>assistant" in (out.prompt or "")
 
 
+def test_chat_options_keep_vllm_names(llm: LLM) -> None:
+    template = (
+        "{% for m in messages %}<{{ m.role }}>{{ m.content }}</{{ m.role }}>{% endfor %}"
+        "{% if add_generation_prompt %}<assistant>{% if style is defined %}[{{ style }}]{% endif %}{% endif %}"
+    )
+    conv = [{"role": "user", "content": "Hi!"}, {"role": "assistant", "content": "Hello, I am"}]
+    params = SamplingParams(temperature=0, max_tokens=2)
+    opened, continued = (
+        llm.chat(conv, params, use_tqdm=False, chat_template=template, chat_template_kwargs={"style": "terse"})[0],
+        llm.chat(conv, params, use_tqdm=False, add_generation_prompt=False, continue_final_message=True)[0],
+    )
+    assert opened.prompt == "<user>Hi!</user><assistant>Hello, I am</assistant><assistant>[terse]"
+    assert list(opened.prompt_token_ids) == llm.tokenizer.encode(opened.prompt, add_special_tokens=False)
+    # the model's own template, cut right after the final message: no end of turn
+    whole = llm.tokenizer.apply_chat_template(conv, add_generation_prompt=False)
+    assert continued.prompt == whole[: whole.rindex("Hello, I am") + len("Hello, I am")]
+    with pytest.raises(ValueError, match="continue_final_message"):
+        llm.chat(conv, params, use_tqdm=False, continue_final_message=True)
+
+
 def test_bad_requests_raise_clear_errors(llm: LLM) -> None:
     with pytest.raises(ValueError, match="top_p"):
         SamplingParams(top_p=0)
