@@ -23,16 +23,7 @@ from batchgen.tokenizer.chat_options import ChatOptions
 from batchgen.tokenizer.tokenizer import Tokenizer
 from tests.job.helpers import read_outputs, write_job
 from tests.tiny_models import make_tiny_hf_folder
-
-QWEN3_LIKE = """{%- for message in messages %}
-{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}
-{%- endfor %}
-{%- if add_generation_prompt %}
-{{- '<|im_start|>assistant\\n' }}
-{%- if enable_thinking is defined and enable_thinking is false %}
-{{- '<think>\\n\\n</think>\\n\\n' }}
-{%- endif %}
-{%- endif %}"""
+from tests.tokenizer.test_chat_options import QWEN3_LIKE
 
 OVERRIDE = "{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}{% if add_generation_prompt %}[assistant]{% endif %}"
 
