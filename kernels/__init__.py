@@ -11,6 +11,7 @@ from .cpu_memory import keep_freed_memory
 from .dispatch import (
     Backend,
     RmsNormOutput,
+    apply_token_bitmask,
     argmax,
     new_kv_cache,
     paged_attention,
@@ -23,12 +24,14 @@ from .dispatch import (
 )
 from .linear_cpu import PackedLinear, linear, pack_linear_weight, packed_linear_library
 from .metadata import AttentionMetadata
+from .token_bitmask import unpack_bitmask
 
 __all__ = [
     "AttentionMetadata",
     "Backend",
     "PackedLinear",
     "RmsNormOutput",
+    "apply_token_bitmask",
     "argmax",
     "keep_freed_memory",
     "linear",
@@ -41,5 +44,6 @@ __all__ = [
     "rms_norm",
     "rotary_embedding",
     "silu_and_mul",
+    "unpack_bitmask",
     "write_kv",
 ]

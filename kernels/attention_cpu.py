@@ -1,5 +1,5 @@
-"""Compiled CPU paged attention, RMSNorm, rotary embedding, SiLU-and-multiply, KV write and argmax
-(float32): a C++ extension built once by torch's extension tools.
+"""Compiled CPU paged attention, RMSNorm, rotary embedding, SiLU-and-multiply, KV write, argmax and
+grammar bitmasks (float32): a C++ extension built once by torch's extension tools.
 
 `cpu_attention.cpp` reads K/V in place from the block pool (in its own layout: `cpu_kv_cache`)
 with an online softmax, parallel
@@ -229,6 +229,14 @@ def argmax_cpu(x: torch.Tensor) -> torch.Tensor:
     """torch.argmax(x, dim=-1) of a non-empty [T, V] (float32, CPU), int64 [T]; see dispatch.argmax."""
     with _named("batchgen::argmax_cpu"):
         out: torch.Tensor = load_cpu_kernel().argmax_rows(x.contiguous())
+    return out
+
+
+def apply_token_bitmask_cpu(x: torch.Tensor, rows: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
+    """Grammar bitmasks applied in place to rows of a contiguous float32 [T, V]; bool [k], True
+    for a row left with nothing above -inf. See dispatch.apply_token_bitmask."""
+    with _named("batchgen::apply_token_bitmask_cpu"):
+        out: torch.Tensor = load_cpu_kernel().apply_token_bitmask(x, rows.contiguous(), bitmask.contiguous())
     return out
 
 

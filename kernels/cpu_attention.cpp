@@ -697,8 +697,8 @@ torch::Tensor paged_attention(torch::Tensor query, torch::Tensor k_cache, torch:
   return out;
 }
 
-// RMSNorm, the rotary embedding, SiLU-and-multiply (they use exp_neg above), the KV write and
-// argmax.
+// RMSNorm, the rotary embedding, SiLU-and-multiply (they use exp_neg above), the KV write,
+// argmax and the grammar bitmask.
 #include "cpu_small_ops.h"
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -711,4 +711,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("silu_and_mul", &silu_and_mul, "silu(gate) * up of a fused [gate | up] (float32, CPU)");
   m.def("write_kv", &write_kv, "store each token's K/V at its pool slot (float32, CPU)");
   m.def("argmax_rows", &argmax_rows, "index of each row's largest value, as torch.argmax (float32, CPU)");
+  m.def("apply_token_bitmask", &apply_token_bitmask, "grammar bitmasks applied to logits rows in place (float32, CPU)");
 }

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from .attention_cpu import (
+    apply_token_bitmask_cpu,
     argmax_cpu,
     cpu_kv_cache,
     is_cpu_kernel_available,
@@ -32,10 +33,12 @@ from .attention_cpu import (
 from .attention_torch import paged_attention_torch, write_kv_torch
 from .cpu_memory import lazy_zeros
 from .metadata import AttentionMetadata
+from .token_bitmask import apply_token_bitmask_torch, check_token_bitmask_args
 
 __all__ = [
     "Backend",
     "RmsNormOutput",
+    "apply_token_bitmask",
     "argmax",
     "new_kv_cache",
     "paged_attention",
@@ -221,6 +224,20 @@ def argmax(x: torch.Tensor) -> torch.Tensor:
     if x.device.type == "cpu" and x.dtype == torch.float32 and x.dim() == 2 and x.shape[1] > 0 and is_cpu_kernel_loaded():
         return argmax_cpu(x)
     return torch.argmax(x, dim=-1)
+
+
+def apply_token_bitmask(x: torch.Tensor, rows: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
+    """In place: every token of row rows[i] of `x` [T, V] that bitmask[i] (int32 [k, words],
+    bit j of word w allows token 32 w + j; tokens past 32 * words are banned) bans becomes -inf.
+    Returns bool [k]: True where that row has no logit above -inf left.
+
+    The compiled CPU op (one pass over the packed words) for a contiguous float32 x once this
+    process has loaded the CPU kernel; `token_bitmask.apply_token_bitmask_torch` otherwise.
+    """
+    if x.device.type == "cpu" and x.dtype == torch.float32 and x.is_contiguous() and is_cpu_kernel_loaded():
+        check_token_bitmask_args(x, rows, bitmask)
+        return apply_token_bitmask_cpu(x, rows, bitmask.to(x.device))
+    return apply_token_bitmask_torch(x, rows, bitmask)
 
 
 def silu_and_mul(x: torch.Tensor, *, backend: Backend | None = None) -> torch.Tensor:

@@ -178,7 +178,6 @@ class LLMEngine:
             self.tokenizer,
             vocab_size=checkpoint.config.vocab_size,
             eos_token_ids=self.eos_token_ids,
-            cpu_unpack=self._device.type == "cpu",
         )
         self.scheduler = Scheduler(
             scheduler_config, self.kv, max_model_len=self.max_model_len, eos_token_ids=self.eos_token_ids
@@ -413,7 +412,7 @@ class LLMEngine:
                 continue
             seqs = self._seq_to_request[chunk.seq_id].seqs if chunk.num_samples > 1 else [self.scheduler.get(chunk.seq_id)]
             targets.extend(
-                GrammarTarget(s.seq_id, s.token_ids, s.num_prompt_tokens)
+                GrammarTarget(s.seq_id, s.token_ids, s.num_prompt_tokens, ignore_eos=s.params.ignore_eos)
                 for s in seqs
                 if self.structured.is_constrained(s.seq_id)
             )

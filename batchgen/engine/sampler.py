@@ -264,9 +264,10 @@ def _mask_grammar_rows(
     so that a constrained row always draws a token its grammar accepts."""
     position = {r.seq_id: i for i, r in enumerate(requests) if r.seq_id is not None}
     rows = [position[seq_id] for seq_id in grammar.seq_ids]
-    for k in apply_grammar_mask(x, torch.tensor(rows, device=x.device), grammar.allowed):
+    for k in apply_grammar_mask(x, torch.tensor(rows, device=x.device), grammar.bitmask):
         i = rows[k]
-        x[i] = raw[requests[i].row].masked_fill(~grammar.allowed[k], float("-inf"))
+        x[i] = raw[requests[i].row]
+        apply_grammar_mask(x, torch.tensor([i], device=x.device), grammar.bitmask[k : k + 1])
 
 
 def _state_key(request: SampleRequest, position: int) -> int:

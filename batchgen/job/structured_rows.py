@@ -81,7 +81,7 @@ def check_job_structured_outputs(sampling: SamplingParams, checkpoint: Checkpoin
     eos = set(checkpoint.config.eos_token_ids)
     if tokenizer.eos_token_id is not None:
         eos.add(tokenizer.eos_token_id)
-    checker = StructuredOutputs(tokenizer, vocab_size=checkpoint.config.vocab_size, eos_token_ids=eos, cpu_unpack=True)
+    checker = StructuredOutputs(tokenizer, vocab_size=checkpoint.config.vocab_size, eos_token_ids=eos)
     try:
         checker.compile(structured)
     except StructuredOutputError as exc:

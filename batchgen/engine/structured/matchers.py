@@ -44,11 +44,13 @@ def default_mask_threads() -> int:
 @dataclass(frozen=True, slots=True)
 class GrammarTarget:
     """A sequence that draws a token this step: its tokens (prompt then generated; read, never
-    kept, and not changed until the fill returns) and where the generated ones start."""
+    kept, and not changed until the fill returns), where the generated ones start, and whether
+    it ignores EOS (its EOS bits are then cleared while its grammar can go on)."""
 
     seq_id: int
     token_ids: Sequence[int]
     num_prompt_tokens: int
+    ignore_eos: bool = False
 
 
 class _Row:

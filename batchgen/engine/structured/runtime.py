@@ -6,8 +6,9 @@ per-sequence matchers (`GrammarMatchers`, the one owner of that state) and one w
 A step goes:
 
     start_masks(targets)        before the forward pass: the constrained sequences that draw a
-                                token; their bitmasks are filled (and, for a CPU model,
-                                unpacked) on the worker thread while the model runs
+                                token; their bitmasks are filled on the worker thread while
+                                the model runs (an `ignore_eos` row's EOS bits cleared unless
+                                EOS is all its grammar allows)
     pending.result(device)      after it: a `GrammarMask` for the sampler's grammar slot
     advance(seq_id, token)      each constrained sequence's sampled token
     is_complete(seq_id)         the grammar admits nothing more: the engine finishes the row
@@ -29,7 +30,6 @@ from dataclasses import dataclass
 import torch
 
 from batchgen.engine.structured.grammar import CompiledGrammar, GrammarCompiler, GrammarTokenizer
-from batchgen.engine.structured.mask import unpack_bitmask
 from batchgen.engine.structured.matchers import GrammarMatchers, GrammarTarget
 from batchgen.engine.structured.params import StructuredOutputsParams
 from batchgen.tokenizer.tokenizer import Tokenizer
@@ -39,17 +39,17 @@ __all__ = ["GrammarMask", "PendingMask", "StructuredOutputs", "StructuredStats"]
 
 @dataclass(frozen=True, slots=True)
 class GrammarMask:
-    """The allowed tokens of one step's constrained sequences: `allowed` bool [k, vocab] on the
-    logits' device, row i for sequence seq_ids[i]."""
+    """The allowed tokens of one step's constrained sequences: `bitmask` int32 [k, words] on the
+    logits' device (bit j of word w allows token 32 w + j), row i for sequence seq_ids[i]."""
 
     seq_ids: tuple[int, ...]
-    allowed: torch.Tensor
+    bitmask: torch.Tensor
 
 
 @dataclass(frozen=True, slots=True)
 class StructuredStats:
     """num_masked_steps: steps with constrained rows; num_masked_rows: rows masked in all;
-    fill_s: the worker's time filling and unpacking masks; wait_s: the time steps waited for
+    fill_s: the worker's time filling masks; wait_s: the time steps waited for
     the worker after their forward pass (what the masks cost a step's latency)."""
 
     num_masked_steps: int
@@ -71,28 +71,21 @@ class PendingMask:
         self._future = future
 
     def result(self, device: torch.device) -> GrammarMask:
-        """The masks on `device` (waits for the worker; re-raises its exception). Packed
-        bitmasks (a GPU engine's) are unpacked there."""
+        """The masks on `device` (waits for the worker; re-raises its exception)."""
         t = time.perf_counter()
-        allowed = self._future.result()
+        bitmask = self._future.result()
         self._owner._waited(time.perf_counter() - t)
-        allowed = allowed.to(device)
-        if allowed.dtype != torch.bool:
-            allowed = unpack_bitmask(allowed, self._owner.vocab_size)
-        return GrammarMask(self.seq_ids, allowed)
+        return GrammarMask(self.seq_ids, bitmask.to(device))
 
 
 class StructuredOutputs:
     """The engine's structured-output state. `vocab_size`: the logits' width; `eos_token_ids`:
     the model's. Not thread-safe beyond its own worker: the engine's thread calls every method."""
 
-    def __init__(self, tokenizer: Tokenizer, *, vocab_size: int, eos_token_ids: Collection[int], cpu_unpack: bool) -> None:
-        """cpu_unpack: unpack bitmasks on the worker thread (a CPU model; a GPU unpacks them
-        itself, faster than it could copy the unpacked masks)."""
+    def __init__(self, tokenizer: Tokenizer, *, vocab_size: int, eos_token_ids: Collection[int]) -> None:
         self._tokenizer = tokenizer
         self.vocab_size = vocab_size
         self._eos_token_ids = tuple(sorted(eos_token_ids))
-        self._cpu_unpack = cpu_unpack
         self._compiler: GrammarCompiler | None = None
         self._matchers: GrammarMatchers | None = None
         self._worker: ThreadPoolExecutor | None = None
@@ -139,11 +132,27 @@ class StructuredOutputs:
     def _fill(self, targets: list[GrammarTarget]) -> torch.Tensor:
         t = time.perf_counter()
         assert self._matchers is not None
-        bitmask = self._matchers.fill_bitmask(targets)
-        # A GPU engine gets the packed masks (a copy: the buffer is reused by the next fill).
-        result = unpack_bitmask(bitmask, self.vocab_size) if self._cpu_unpack else bitmask.clone()
+        # A copy: the matchers' buffer is reused by the next fill.
+        bitmask = self._matchers.fill_bitmask(targets).clone()
+        for i, target in enumerate(targets):
+            if target.ignore_eos:
+                self._clear_eos(bitmask[i])
         self._fill_s += time.perf_counter() - t
-        return result
+        return bitmask
+
+    def _clear_eos(self, row: torch.Tensor) -> None:
+        """An `ignore_eos` row may not end while its grammar can go on: clear its EOS bits,
+        unless EOS is all the grammar allows (the grammar is complete; the row ends there)."""
+        eos = [t for t in self._eos_token_ids if t < 32 * row.shape[0]]
+        if not eos:
+            return
+        saved = row.clone()
+        for token in eos:
+            word = token // 32
+            bits = int(row[word]) & ~(1 << (token % 32)) & 0xFFFFFFFF
+            row[word] = bits - (1 << 32) if bits >= 1 << 31 else bits
+        if not bool(row.any()):
+            row.copy_(saved)
 
     def _waited(self, seconds: float) -> None:
         self._wait_s += seconds

@@ -230,3 +230,25 @@ def test_a_rejected_schema_queues_nothing(llm: LLM) -> None:
     with pytest.raises(ValueError, match="SamplingParams.structured_outputs: .*exactly one"):
         SamplingParams(structured_outputs={"regex": "a", "choice": ["a"]})
     assert SamplingParams.from_mapping({"structured_outputs": {"choice": ["a"]}}).structured_outputs == StructuredOutputsParams(choice=("a",))
+
+
+def test_ignore_eos_keeps_a_constrained_row_going_until_its_grammar_ends(llm: LLM) -> None:
+    """EOS pushed far up (logit_bias): without ignore_eos the row ends at the first place its
+    grammar accepts; with it, EOS is banned while the grammar can go on, so the row runs to
+    max_tokens (same lengths as an unconstrained ignore_eos run), and a grammar that completes
+    still ends the row there with `stop`."""
+    eos = llm.tokenizer.eos_token_id
+    assert eos is not None
+    regex = {"regex": "[a-z]+"}
+    pushed = SamplingParams(max_tokens=12, temperature=0, logit_bias={eos: 100.0}, structured_outputs=regex)
+    early = llm.generate(["x"], pushed, use_tqdm=False)[0].outputs[0]
+    assert (len(early.token_ids), early.token_ids[-1], early.finish_reason, early.grammar_completed) == (2, eos, "stop", True)
+    kept = SamplingParams(max_tokens=12, temperature=0, logit_bias={eos: 100.0}, ignore_eos=True, structured_outputs=regex)
+    full = llm.generate(["x", "y"], kept, use_tqdm=False)
+    for out in full:
+        sample = out.outputs[0]
+        assert (len(sample.token_ids), sample.finish_reason) == (12, "length")
+        assert eos not in sample.token_ids and re.fullmatch("[a-z]+", sample.text)
+    choice = SamplingParams(max_tokens=20, temperature=0, ignore_eos=True, structured_outputs={"choice": ["a long answer"]})
+    done = llm.generate(["x"], choice, use_tqdm=False)[0].outputs[0]
+    assert (done.text, done.finish_reason, done.grammar_completed) == ("a long answer", "stop", True)
