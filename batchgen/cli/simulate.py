@@ -81,7 +81,8 @@ def _calibrate(args: argparse.Namespace) -> int:
     comment = (
         f"Calibrated from {run.source} ({result.num_intervals} timeline intervals, R^2 {result.r_squared:.3f};\n"
         f"measured {result.measured_s:.2f} s, this profile predicts {result.predicted_s:.2f} s).\n"
-        "Fitted: t = step_overhead_s*steps + seq_overhead_s*seqs + flops/peak_flops + bytes/memory_bandwidth\n"
+        "Fitted: t = step_overhead_s*steps + seq_overhead_s*seqs + flops/peak_flops\n"
+        "  + attention flops/attention_flops + bytes/memory_bandwidth\n"
         "(efficiencies 1, overlap false: the parts add; kv_cache_bytes is the run's KV pool)."
     )
     path = write_hardware(Path(args.out), p, comment=comment)
@@ -89,7 +90,9 @@ def _calibrate(args: argparse.Namespace) -> int:
         f"{'profile':<28}{path}\n{'fit':<28}R^2 {result.r_squared:.3f} over {result.num_intervals} intervals, "
         f"{result.predicted_s:.2f} s predicted / {result.measured_s:.2f} s measured\n"
         f"{'step overhead':<28}{p.step_overhead_s * 1e3:.3f} ms (+ {p.seq_overhead_s * 1e6:.2f} us a sequence)\n"
-        f"{'effective FLOP/s':<28}{p.peak_flops:.3e}\n{'effective bytes/s':<28}{p.memory_bandwidth:.3e}"
+        f"{'effective FLOP/s':<28}{p.peak_flops:.3e}\n"
+        f"{'effective attention FLOP/s':<28}{p.attention_flops_per_s:.3e}\n"
+        f"{'effective bytes/s':<28}{p.memory_bandwidth:.3e}"
     )
     return 0
 

@@ -37,7 +37,9 @@ class HardwareProfile:
     itself, when known (a calibrated CPU run's pool), else sized from memory; step_overhead_s
     and seq_overhead_s: host time per step and per scheduled sequence (scheduler, step arrays,
     sampling, launch); overlap: compute and memory time overlap (max, a roofline) or add (sum,
-    how a calibrated CPU fits best).
+    how a calibrated CPU fits best); attention_flops: FLOP/s of attention's (query, key) work
+    where it runs at its own rate (a CPU's attention kernel is bound by latency and cache, not by
+    the GEMMs' peak; calibration fits it), None: at `peak_flops` like the GEMMs.
     """
 
     name: str
@@ -54,6 +56,7 @@ class HardwareProfile:
     memory_utilization: float = 0.9
     kv_cache_bytes: float | None = None
     activation_reserve_bytes: float = 0.0
+    attention_flops: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("peak_flops", "memory_bandwidth", "memory_bytes"):
@@ -65,8 +68,9 @@ class HardwareProfile:
                 raise ValueError(f"hardware profile {self.name!r}: {name} must be in (0, 1], got {value!r}")
         for name in ("step_overhead_s", "seq_overhead_s", "activation_reserve_bytes"):
             _check_number(self.name, name, getattr(self, name), positive=False)
-        if self.kv_cache_bytes is not None:
-            _check_number(self.name, "kv_cache_bytes", self.kv_cache_bytes, positive=True)
+        for name in ("kv_cache_bytes", "attention_flops"):
+            if getattr(self, name) is not None:
+                _check_number(self.name, name, getattr(self, name), positive=True)
         if not isinstance(self.overlap, bool):
             raise ValueError(f"hardware profile {self.name!r}: overlap must be true or false")
         if self.dtype_bytes not in (1, 2, 4):
@@ -76,6 +80,11 @@ class HardwareProfile:
     def flops_per_s(self) -> float:
         """FLOP/s a step attains."""
         return self.peak_flops * self.compute_efficiency
+
+    @property
+    def attention_flops_per_s(self) -> float:
+        """FLOP/s attention attains: `attention_flops` where given, else `flops_per_s`."""
+        return self.flops_per_s if self.attention_flops is None else self.attention_flops * self.compute_efficiency
 
     @property
     def bytes_per_s(self) -> float:

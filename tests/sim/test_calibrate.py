@@ -16,10 +16,11 @@ SHAPE = ModelShape(num_layers=30, hidden_size=576, intermediate_size=1536, num_h
                    head_dim=64, vocab_size=49152, tie_word_embeddings=True)  # SmolLM2-135M
 
 
-def _truth(step: float, seq: float, flops: float, bandwidth: float) -> HardwareProfile:
+def _truth(step: float, seq: float, flops: float, bandwidth: float, attention: float | None = None) -> HardwareProfile:
     return HardwareProfile(name="truth", description="", peak_flops=flops, memory_bandwidth=bandwidth,
                            memory_bytes=1.0, compute_efficiency=1.0, memory_efficiency=1.0,
-                           step_overhead_s=step, seq_overhead_s=seq, overlap=False, dtype_bytes=4)
+                           step_overhead_s=step, seq_overhead_s=seq, overlap=False, dtype_bytes=4,
+                           attention_flops=attention)
 
 
 def _works(rng: random.Random, n: int) -> list[StepWork]:
@@ -39,10 +40,11 @@ def _works(rng: random.Random, n: int) -> list[StepWork]:
     seq=st.sampled_from([0.0, 2e-6, 5e-5]),
     flops=st.sampled_from([1e10, 5e10, 3e11]),
     bandwidth=st.sampled_from([5e9, 2e10, 1e11]),
+    attention=st.sampled_from([None, 2e9, 4e10]),
 )
 def test_a_timeline_made_by_a_profile_fits_back_to_it(seed: int, step: float, seq: float, flops: float,
-                                                       bandwidth: float) -> None:
-    truth = _truth(step, seq, flops, bandwidth)
+                                                       bandwidth: float, attention: float | None) -> None:
+    truth = _truth(step, seq, flops, bandwidth, attention)
     works = _works(random.Random(seed), 60)
     seconds = [CostModel(SHAPE, truth).seconds(w) for w in works]
     fit = fit_profile(works, seconds, SHAPE, dtype_bytes=4, kv_cache_bytes=None, name="fit")
@@ -51,6 +53,8 @@ def test_a_timeline_made_by_a_profile_fits_back_to_it(seed: int, step: float, se
     assert p.seq_overhead_s == pytest.approx(seq, rel=1e-6, abs=1e-12)
     assert p.peak_flops == pytest.approx(flops, rel=1e-6)
     assert p.memory_bandwidth == pytest.approx(bandwidth, rel=1e-6)
+    # attention's own rate; where the truth has none, attention ran at the GEMMs' rate
+    assert p.attention_flops == pytest.approx(flops if attention is None else attention, rel=1e-6)
     assert fit.r_squared == pytest.approx(1.0) and fit.predicted_s == pytest.approx(fit.measured_s)
     assert (p.overlap, p.compute_efficiency, p.memory_efficiency) == (False, 1.0, 1.0)
 

@@ -53,16 +53,22 @@ def test_the_formula_on_exact_numbers() -> None:
                        head_dim=4, vocab_size=100, tie_word_embeddings=True)
     work = StepWork(num_steps=1, num_seqs=3, num_tokens=10, num_sampled=2, context_tokens=50, attention_pairs=70)
     body = 2 * (8 * 4 * (2 * 2 + 2 * 1) + 3 * 8 * 16)  # 960
-    flops = 2 * body * 10 + 2 * 8 * 100 * 2 + 4 * 2 * 2 * 4 * 70
+    flops = 2 * body * 10 + 2 * 8 * 100 * 2
+    attention = 4 * 2 * 2 * 4 * 70
     bytes_ = (body + 800) * 2 + (2 * 2 * 1 * 4 * 2) * (50 + 10)
     roof = CostModel(shape, profile())
-    assert roof.flops(work) == flops and roof.bytes(work) == bytes_
+    assert (roof.flops(work), roof.attention_flops(work), roof.bytes(work)) == (flops, attention, bytes_)
     cost = roof.cost(work)
-    assert cost.compute_s == pytest.approx(flops / 0.5e12) and cost.memory_s == pytest.approx(bytes_ / 0.5e11)
+    # without attention_flops, attention runs at the GEMMs' rate
+    assert cost.compute_s == pytest.approx((flops + attention) / 0.5e12)
+    assert cost.memory_s == pytest.approx(bytes_ / 0.5e11)
     assert cost.overhead_s == pytest.approx(0.001 + 3e-5)
     assert cost.total_s == pytest.approx(0.001 + 3e-5 + max(cost.compute_s, cost.memory_s))
     added = CostModel(shape, profile(overlap=False)).cost(work)
     assert added.total_s == pytest.approx(0.001 + 3e-5 + cost.compute_s + cost.memory_s)
+    # with it, attention at its own rate (times the same compute efficiency)
+    apart = CostModel(shape, profile(attention_flops=1e9)).cost(work)
+    assert apart.compute_s == pytest.approx(flops / 0.5e12 + attention / 0.5e9)
 
 
 @settings(max_examples=60)
