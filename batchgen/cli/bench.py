@@ -392,8 +392,10 @@ def run_workload_bench(
     simulate: SimSpec | None = None,
     out: Path | None = None,
     sampling: Mapping[str, Any] | None = None,
+    output_lens: str = "fixed",
 ) -> list[BenchResult]:
-    """One of the ShareGPT workloads (see workloads.py), greedy, stop at EOS (unless
+    """One of the ShareGPT workloads (see workloads.py; `output_lens` "sharegpt": each request's
+    limit is its recorded reply's length, capped at `max_tokens`), greedy, stop at EOS (unless
     `ignore_eos`; `sampling`: more SamplingParams fields for every request, such as
     penalties, to measure what they cost), through the engine with the given configuration, `repeats` times (a fresh
     engine each), requests all at once or arriving at `request_rate` (Poisson, seed 0).
@@ -416,7 +418,9 @@ def run_workload_bench(
     if requests_in is not None:
         requests = read_requests(requests_in)
     else:
-        requests = build_workload(workload, tokenizer, num_requests=num_requests, max_tokens=max_tokens)
+        requests = build_workload(
+            workload, tokenizer, num_requests=num_requests, max_tokens=max_tokens, output_lens=output_lens
+        )
     if requests_out is not None:
         write_requests(requests_out, requests)
     prompts = [list(r.prompt_token_ids) for r in requests]

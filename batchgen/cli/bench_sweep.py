@@ -43,8 +43,10 @@ def run_sweep(
     requests_in: Path | None = None,
     out: Path | None = None,
     use_tqdm: bool = True,
+    output_lens: str = "fixed",
 ) -> list[dict[str, Any]]:
-    """Every sweep point's `BenchResult` fields plus its policy and settings, in grid order."""
+    """Every sweep point's `BenchResult` fields plus its policy and settings, in grid order.
+    `output_lens`: as `build_workload`'s."""
     checkpoint: Checkpoint | None = None
     if simulate is not None:
         tokenizer: Any = simulate.model.tokenizer
@@ -54,7 +56,9 @@ def run_sweep(
     if requests_in is not None:
         requests = read_requests(requests_in)
     else:
-        requests = build_workload(workload, tokenizer, num_requests=num_requests, max_tokens=max_tokens)
+        requests = build_workload(
+            workload, tokenizer, num_requests=num_requests, max_tokens=max_tokens, output_lens=output_lens
+        )
     prompts = [list(r.prompt_token_ids) for r in requests]
     params = [SamplingParams(temperature=0, max_tokens=r.max_tokens, ignore_eos=ignore_eos) for r in requests]
     arrivals = poisson_arrivals(len(requests), request_rate)

@@ -111,6 +111,7 @@ def _bench_workload(args: argparse.Namespace) -> int:
             ignore_eos=args.ignore_eos,
             simulate=simulate,
             out=Path(args.out) if args.out else None,
+            output_lens=args.output_lens,
         )
         if args.sampling:
             if args.sweep or simulate is not None:
@@ -387,7 +388,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--output-lens",
         choices=["fixed", "sharegpt"],
         default="fixed",
-        help="fixed: --max-tokens for every request; sharegpt: each request's recorded reply length (capped)",
+        help="fixed: --max-tokens for every request; sharegpt: each request's recorded reply length, capped at "
+        "--max-tokens (with --workload and --sweep too)",
     )
     bench.add_argument("--max-num-batched-tokens", type=int, default=None, help="default: 2048, or the engine's with --workload")
     bench.add_argument(

@@ -13,6 +13,10 @@ ids (so tokenizer differences cannot enter a comparison):
                    | u0 | a0 | u1 |
                    | u0 | a0 | u1 | a1 | u2 |
 
+Each request's new-token limit is `max_tokens` ("fixed"), or with output_lens "sharegpt" the
+token length of the reply the conversation recorded after that turn, capped at `max_tokens`
+(what vLLM's and SGLang's ShareGPT benchmarks do), so lengths vary as in real traffic.
+
 Requests are written to and read from JSON lines, one request a line.
 """
 
@@ -37,6 +41,7 @@ __all__ = [
 
 Workload = Literal["single-turn", "multi-turn"]
 WORKLOADS: tuple[Workload, ...] = ("single-turn", "multi-turn")
+OUTPUT_LENS = ("fixed", "sharegpt")
 _MAX_SINGLE_TURN_TOKENS = 512
 _MIN_CHARS = 16
 
@@ -57,15 +62,27 @@ def build_workload(
     num_requests: int,
     max_tokens: int,
     max_model_len: int = 2048,
+    output_lens: str = "fixed",
 ) -> list[BenchRequest]:
     """The first `num_requests` requests of the workload, in file order.
 
-    `tokenizer` needs `encode_chat(messages)`. Multi-turn prompts are cut where prompt plus
-    `max_tokens` would pass `max_model_len`. Raises ValueError for an unknown workload or when
-    the dataset holds fewer requests than asked for.
+    `tokenizer` needs `encode_chat(messages)` (and `encode(text, add_special_tokens=False)` for
+    output_lens "sharegpt": a turn without a recorded reply then gets 1 token). Multi-turn
+    prompts are cut where prompt plus `max_tokens` would pass `max_model_len`. Raises
+    ValueError for an unknown workload or output_lens, or when the dataset holds fewer requests
+    than asked for.
     """
     if name not in WORKLOADS:
         raise ValueError(f"unknown workload {name!r}; choose from {', '.join(WORKLOADS)}")
+    if output_lens not in OUTPUT_LENS:
+        raise ValueError(f"output_lens must be one of {', '.join(OUTPUT_LENS)}, got {output_lens!r}")
+
+    def limit_after(messages: list[dict[str, Any]], turn: int) -> int:
+        if output_lens == "fixed":
+            return max_tokens
+        reply = messages[2 * turn + 1]["content"] if 2 * turn + 1 < len(messages) else ""
+        return max(1, min(max_tokens, len(tokenizer.encode(reply, add_special_tokens=False))))
+
     if num_requests < 1 or max_tokens < 1:
         raise ValueError("num_requests and max_tokens must be >= 1")
     limit = _MAX_SINGLE_TURN_TOKENS if name == "single-turn" else max_model_len - max_tokens
@@ -76,7 +93,7 @@ def build_workload(
                 continue
             ids = tokenizer.encode_chat(messages[:1])
             if len(ids) <= limit:
-                requests.append(BenchRequest(f"{conv_id}/0", tuple(ids), max_tokens))
+                requests.append(BenchRequest(f"{conv_id}/0", tuple(ids), limit_after(messages, 0)))
         else:
             num_user_turns = (len(messages) + 1) // 2
             if num_user_turns < 2:
@@ -85,7 +102,7 @@ def build_workload(
                 ids = tokenizer.encode_chat(messages[: 2 * turn + 1])
                 if len(ids) > limit:
                     break  # later turns only grow
-                requests.append(BenchRequest(f"{conv_id}/{turn}", tuple(ids), max_tokens))
+                requests.append(BenchRequest(f"{conv_id}/{turn}", tuple(ids), limit_after(messages, turn)))
                 if len(requests) == num_requests:
                     break
         if len(requests) == num_requests:
