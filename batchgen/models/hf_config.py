@@ -68,6 +68,9 @@ _DEFAULTS: dict[str, tuple[float, int, float, bool]] = {
     "smollm3": (2e6, 32768, 1e-6, True),
 }
 _GEMMA3_LOCAL_THETA = 10000.0
+# transformers' default of a top-level original_max_position_embeddings, for the config classes
+# that have the attribute (it overrides the rope dict's even when config.json lacks it).
+_TOP_LEVEL_ORIGINAL: dict[str, int] = {"phi3": 4096}
 
 # Keys transformers accepts in a rope dict of each type (besides rope_type/type, rope_theta and
 # partial_rotary_factor).
@@ -213,43 +216,46 @@ def _rope(keys: _Keys, fields: Mapping[str, Any], theta_default: float) -> dict[
     if theta is None and parameters is not None:
         theta = parameters.get("rope_theta")
     rope_dict = scaling if scaling is not None else parameters
+    name = "rope_scaling" if scaling is not None else "rope_parameters"  # the key errors name
     partial = keys.get("partial_rotary_factor")
     if partial is None and isinstance(rope_dict, Mapping):
         partial = rope_dict.get("partial_rotary_factor")
     return {
         "rope_theta": float(theta if theta is not None else theta_default),
-        "rope_scaling": _rope_scaling(rope_dict, keys, fields),
+        "rope_scaling": _rope_scaling(rope_dict, keys, fields, name),
         "partial_rotary_factor": float(partial if partial is not None else 1.0),
     }
 
 
 def _rope_scaling(
-    scaling: Mapping[str, Any] | None, keys: _Keys, fields: Mapping[str, Any]
+    scaling: Mapping[str, Any] | None, keys: _Keys, fields: Mapping[str, Any], name: str
 ) -> RopeScaling | None:
+    """The scaling of the rope dict found under the config key `name` (named in errors)."""
     source = keys.source
     if scaling is None:
         return None
     if not isinstance(scaling, Mapping):
-        raise ValueError(f"{source}: rope_scaling must be a mapping, got {scaling!r}")
+        raise ValueError(f"{source}: {name} must be a mapping, got {scaling!r}")
     rope_type = scaling.get("rope_type", scaling.get("type", "default"))
     if rope_type not in _ROPE_KEYS:
         raise ValueError(
-            f"{source}: rope_scaling type {rope_type!r} is not supported; supported: "
+            f"{source}: {name} type {rope_type!r} is not supported; supported: "
             f"{', '.join(_ROPE_KEYS)}"
         )
     unknown = sorted(set(scaling) - _ROPE_KEYS[rope_type] - _ROPE_COMMON_KEYS)
     if unknown:
-        raise ValueError(f"{source}: rope_scaling of type {rope_type} has keys batchgen does not implement: {unknown}")
+        raise ValueError(f"{source}: {name} of type {rope_type} has keys batchgen does not implement: {unknown}")
     if rope_type == "default":
         return None
     max_positions = int(fields["max_position_embeddings"])
-    # transformers: a top-level original_max_position_embeddings (Phi-3) overrides the dict's.
-    original = keys.get("original_max_position_embeddings") or scaling.get("original_max_position_embeddings")
-    original = int(original or max_positions)
+    # transformers: a top-level original_max_position_embeddings (Phi-3's, 4096 when absent)
+    # overrides the dict's, for llama3, yarn and longrope alike (`standardize_rope_params`).
+    top_level = keys.get("original_max_position_embeddings", _TOP_LEVEL_ORIGINAL.get(keys.architecture))
+    original = int(top_level or scaling.get("original_max_position_embeddings") or max_positions)
 
     def need(key: str) -> Any:
         if scaling.get(key) is None:
-            raise ValueError(f"{source}: rope_scaling of type {rope_type} lacks {key!r}")
+            raise ValueError(f"{source}: {name} of type {rope_type} lacks {key!r}")
         return scaling[key]
 
     def optional_float(key: str) -> float | None:
@@ -269,7 +275,7 @@ def _rope_scaling(
             factor=float(need("factor")),
             low_freq_factor=float(need("low_freq_factor")),
             high_freq_factor=float(need("high_freq_factor")),
-            original_max_position_embeddings=int(scaling.get("original_max_position_embeddings") or original),
+            original_max_position_embeddings=original,
         )
     factor = scaling.get("factor")
     factor = float(factor) if factor is not None else max_positions / original
@@ -443,9 +449,12 @@ def _read_gemma3(keys: _Keys, fields: Mapping[str, Any]) -> dict[str, Any]:
         if local_theta is None:
             local_theta = local.get("rope_theta")
         theta = keys.get("rope_theta", full.get("rope_theta", _DEFAULTS["gemma3_text"][0]))
-        scaling_dict = keys.get("rope_scaling", full)
+        given = keys.get("rope_scaling")
+        scaling_dict, name = (
+            (given, "rope_scaling") if given is not None else (full, "rope_parameters.full_attention")
+        )
         out["rope_theta"] = float(theta)
-        out["rope_scaling"] = _rope_scaling(scaling_dict, keys, fields)
+        out["rope_scaling"] = _rope_scaling(scaling_dict, keys, fields, name)
     else:
         out.update(_rope(keys, fields, _DEFAULTS["gemma3_text"][0]))
     out["rope_local_theta"] = float(local_theta if local_theta is not None else _GEMMA3_LOCAL_THETA)

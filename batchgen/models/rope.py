@@ -3,14 +3,16 @@ kernels read.
 
 `inv_freq` follows transformers' `modeling_rope_utils` functions operation for operation (float32
 tensors, Python floats where transformers uses them), so tables match its to the last bit
-(tests/models/test_rope.py checks each type against transformers' own function). Two scalings
-that transformers recomputes in the forward pass from the longest position of that pass cannot
-follow a KV cache, whose keys were rotated in earlier steps; here they are fixed at load from
-`max_model_len`, the longest sequence the engine will hold:
+(tests/models/test_rope_vs_transformers.py checks each type against transformers' own function
+and rotary modules). Two scalings that transformers recomputes in the forward pass from the
+longest position of that pass cannot follow a KV cache, whose keys were rotated in earlier steps;
+here they are fixed at load from `max_model_len`, the longest sequence the engine will hold:
 
 - "dynamic" (NTK): the base for a context of `max(max_model_len, original)` tokens. With
-  `max_model_len` at most the original context (the default: the config's
-  `max_position_embeddings`), that is the unscaled base, as transformers uses for such sequences.
+  `max_model_len` at most the original context (the config's `max_position_embeddings`), that is
+  the unscaled base, as transformers uses for such sequences; the engine refuses a longer
+  `max_model_len`, so its tables are always unscaled and dynamic scaling never extends a context
+  here (vLLM instead uses one grown base for `max_position_embeddings * factor` at every length).
 - "longrope": the long factors when `max_model_len` exceeds the original context, else the short
   ones (transformers switches per forward pass at the same length).
 

@@ -3,12 +3,13 @@ the same weights, for llama3 and linear scaling, from a Hugging Face folder and 
 written the way llama.cpp's converter writes it (issue 20).
 
 batchgen supports rope types default, linear, llama3, dynamic, yarn and longrope
-(`batchgen.models.config`; the last three are checked in test_rope.py); any other is refused at
-load, naming the file. The tiny models' rotary
-frequencies span both sides of the llama3 cut-offs (head_dim 16, theta 10000, original context
-256: wavelengths 6 to 19869 tokens against cut-offs of 64 and 256), so every branch of the
-formula is used, and prompts are long enough (up to 70 tokens) that the scaled frequencies move
-the logits: the same weights without scaling give other log-probabilities (checked).
+(`batchgen.models.config`; each is checked against transformers' own function in
+test_rope_vs_transformers.py); any other is refused at load, naming the file and the key. The
+tiny models' rotary frequencies span both sides of the llama3 cut-offs (head_dim 16, theta
+10000, original context 256: wavelengths 6 to 19869 tokens against cut-offs of 64 and 256), so
+every branch of the formula is used, and prompts are long enough (up to 70 tokens) that the
+scaled frequencies move the logits: the same weights without scaling give other
+log-probabilities (checked).
 """
 
 from __future__ import annotations
@@ -170,7 +171,7 @@ def test_unsupported_rope_type_in_a_folder_is_an_error(tmp_path: Path, rope_para
     config["rope_parameters"] = {**rope_parameters, "rope_theta": 10000.0}
     config_file.write_text(json.dumps(config))
     rope_type = rope_parameters["rope_type"]
-    with pytest.raises(ValueError, match=rf"config\.json: rope_scaling type '{rope_type}' is not supported"):
+    with pytest.raises(ValueError, match=rf"config\.json: rope_parameters type '{rope_type}' is not supported"):
         LLM(str(folder), seed=0)
 
 
