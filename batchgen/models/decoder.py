@@ -48,6 +48,20 @@ _LOG = logging.getLogger("batchgen.models")
 _TRITON_MAX_HEAD_DIM = 256
 
 
+def _unpacked_note(dtype: torch.dtype) -> str:
+    """Why a CPU model (on an automatic or compiled backend) runs its linear layers unpacked."""
+    if dtype != torch.float32:
+        return (
+            f"the linear layers run unpacked (F.linear) and attention, norms and rotary embedding on "
+            f"the PyTorch path: the packed weights and the compiled kernel take float32, the model "
+            f"runs in {dtype}"
+        )
+    return (
+        "the linear layers run unpacked (F.linear): this torch build has neither MKL nor oneDNN to "
+        "pack weights"
+    )
+
+
 class DecoderModel:
     """Weights plus a forward pass; holds no per-step state."""
 
@@ -91,10 +105,7 @@ class DecoderModel:
                 layer.pack()
             self.lm_head = pack_linear_weight(self.embed if parts.lm_head is None else parts.lm_head)
         elif device.type == "cpu" and self._backend != "torch":
-            notes.append(
-                f"the linear layers run unpacked (F.linear) and attention on the PyTorch path: the "
-                f"packed weights and the compiled kernel take float32, the model runs in {dtype}"
-            )
+            notes.append(_unpacked_note(dtype))
         self.fast_path_notes = tuple(notes)
         for note in notes:
             _LOG.warning("%s model: %s", config.architecture, note)
