@@ -40,6 +40,7 @@ __all__ = [
     "RmsNormOutput",
     "apply_token_bitmask",
     "argmax",
+    "is_kv_cache_lazy",
     "new_kv_cache",
     "paged_attention",
     "prepare_backend",
@@ -78,6 +79,12 @@ def prepare_backend(backend: Backend | None, device: torch.device) -> None:
         load_cpu_kernel()
 
 
+def is_kv_cache_lazy(device: torch.device) -> bool:
+    """Whether `new_kv_cache` on `device` commits memory as blocks are first written (the CPU:
+    each pool is an anonymous mapping, `lazy_zeros`) rather than all at allocation (CUDA)."""
+    return device.type == "cpu"
+
+
 def new_kv_cache(
     num_blocks: int,
     block_size: int,
@@ -94,7 +101,7 @@ def new_kv_cache(
     if device.type == "cpu" and dtype == torch.float32 and resolve_backend(backend, device) == "cpu":
         return cpu_kv_cache(num_blocks, block_size, num_kv_heads, head_dim, dtype=dtype)
     shape = (num_blocks, block_size, num_kv_heads, head_dim)
-    if device.type == "cpu":  # pages committed as blocks are first written
+    if is_kv_cache_lazy(device):  # pages committed as blocks are first written
         return lazy_zeros(shape, dtype), lazy_zeros(shape, dtype)
     return torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device)
 

@@ -9,6 +9,10 @@ sequence, how many leading blocks of its table are known to be cached as its cha
 
 Cached blocks that no table references stay in the tree and sit in the pool's free queue; they
 are evicted from the tree only when ``pop_free`` hands them out again, least recently used first.
+In a pool committed up front that happens once no never-used block is left; in a lazily
+committed one (``is_lazily_committed``, a CPU pool) before any never-used block is taken, so the
+blocks ever written number the peak of blocks in use, and cached blocks live in what that peak
+leaves free.
 
 Invariants (``check_invariants``):
 - the pool's and the cache's own invariants hold;
@@ -60,8 +64,12 @@ class KVCacheManager:
         *,
         enable_prefix_caching: bool = True,
         hash_seed: int = 0,
+        is_lazily_committed: bool = False,
     ) -> None:
-        self._pool = BlockPool(num_blocks, block_size)
+        """``is_lazily_committed``: the KV memory behind the blocks is committed as a block is
+        first written (see ``BlockPool``); reuse written blocks, evicting cached ones, before
+        taking a never-used one."""
+        self._pool = BlockPool(num_blocks, block_size, is_lazily_committed=is_lazily_committed)
         self._cache = RadixCache(block_size, hash_seed)
         self._enable_prefix_caching = enable_prefix_caching
         self._block_tables: dict[int, list[int]] = {}
@@ -84,6 +92,11 @@ class KVCacheManager:
     @property
     def num_used_blocks(self) -> int:
         return self._pool.num_used_blocks
+
+    @property
+    def num_handed_out_blocks(self) -> int:
+        """Blocks handed out at least once since construction (their KV may be committed)."""
+        return self._pool.num_handed_out_blocks
 
     @property
     def enable_prefix_caching(self) -> bool:

@@ -206,6 +206,13 @@ class JobPlan:
     skipped: int
     bad_shards: dict[str, str]
 
+    def release_weights(self) -> None:
+        """Drop the checkpoint's weights, once an engine is built from them or none will be:
+        an engine holds its own copies (on the CPU, packed), and the plain float32 ones (0.4 GB
+        of the built-in model) would stay resident beside them for the whole run (issue 25).
+        The config, tokenizer, source and fingerprint, which the job reads later, stay."""
+        self.checkpoint = dataclasses.replace(self.checkpoint, weights={})
+
     def record_bad_shards(self, bad: Mapping[str, str]) -> dict[str, str]:
         """Record shards found unreadable while running (name -> error) in the manifest; returns
         every bad shard of the job. Raises JobError when the manifest cannot be saved."""
@@ -272,7 +279,7 @@ def planned_job(config: JobConfig, *, restart: bool = False) -> Iterator[JobPlan
             )
             for i, info in enumerate(resume.todo)
         ]
-        yield JobPlan(
+        plan = JobPlan(
             out_dir=out_dir,
             folder=folder,
             manifest=manifest,
@@ -284,6 +291,8 @@ def planned_job(config: JobConfig, *, restart: bool = False) -> Iterator[JobPlan
             skipped=len(resume.skipped),
             bad_shards={**resume.known_bad, **{n: recorded[n].error for n in unreadable}},
         )
+        del checkpoint  # the plan's reference is the only one: `release_weights` frees them
+        yield plan
 
 
 def build_job_engine(config: JobConfig, checkpoint: Checkpoint, job_time: str) -> tuple[LLMEngine, RowPreparer]:
@@ -327,6 +336,7 @@ def run_job(config: JobConfig, *, restart: bool = False, use_tqdm: bool = True) 
     start = time.perf_counter()
     with planned_job(config, restart=restart) as plan:
         engine, preparer = build_job_engine(config, plan.checkpoint, plan.manifest.job_time)
+        plan.release_weights()
         timeline = TimelineFile(
             plan.out_dir,
             new_run_id(),

@@ -283,6 +283,7 @@ def run_ray_job(
     ray = import_ray(config.source)
     start = time.perf_counter()
     with planned_job(config, restart=restart) as plan:
+        plan.release_weights()  # the workers load their own; the driver needs none
         connected = connect(ray, config)
         try:
             if plan.todo:

@@ -406,3 +406,59 @@ def test_cached_chain_token_ids_reads_the_chain_from_the_root() -> None:
     assert manager.cached_chain_token_ids(table[1]) == tuple(A + B)
     assert manager.cached_chain_token_ids(table[2]) is None  # partial: never cached
     manager.check_invariants()
+
+
+def test_lazily_committed_pool_evicts_lru_before_taking_a_fresh_block() -> None:
+    # The frees of test_lru_evicts_leaves_least_recent_first, on a pool whose memory is committed
+    # as blocks are first written: the written blocks come back first (the cached ones still
+    # leaves first, least recently used first), the never-used 5..9 last.
+    manager = KVCacheManager(10, 4, is_lazily_committed=True)
+    assert _run(manager, 1, A + B + TAIL) == (0, 1, 2)
+    assert _run(manager, 2, C + TAIL) == (3, 4)
+    _free(manager, 1)
+    assert _free_order(manager) == [2, 1, 0, 5, 6, 7, 8, 9]
+    _free(manager, 2)
+    assert _free_order(manager) == [4, 2, 1, 0, 3, 5, 6, 7, 8, 9]
+    assert manager.allocate(3, 16)  # two uncached blocks, then the leaf B and its parent A
+    manager.check_invariants()
+    assert manager.block_table(3) == (4, 2, 1, 0)
+    assert manager.stats().num_evictions == 2
+    assert manager.match_prefix(A + B + TAIL) == CacheMatch()
+    assert manager.match_prefix(C + TAIL) == CacheMatch(block_ids=(3,), num_tokens=4)
+    assert manager.num_handed_out_blocks == 5
+    assert manager.allocate(4, 8)  # C is evicted before a first never-used block is taken
+    manager.check_invariants()
+    assert manager.block_table(4) == (3, 5)
+    assert manager.stats().num_evictions == 3
+    assert manager.num_handed_out_blocks == 6
+
+
+def test_lazily_committed_pool_keeps_a_hit_until_its_block_is_needed() -> None:
+    manager = KVCacheManager(10, 4, is_lazily_committed=True)
+    assert _run(manager, 1, A + B + TAIL) == (0, 1, 2)
+    _free(manager, 1)
+    assert _run(manager, 2, A + B + TAIL) == (0, 1, 2)  # a hit: nothing recomputed
+    assert manager.stats() == CacheStats(num_lookups=2, num_hit_tokens=8, num_cached_blocks=2)
+    assert manager.num_handed_out_blocks == 3
+
+
+@pytest.mark.parametrize("is_lazily_committed", [False, True])
+def test_many_short_requests_hand_out_the_peak_in_use_on_a_lazy_pool(is_lazily_committed: bool) -> None:
+    """200 requests of distinct tokens, four at a time, on a 1000-block pool: a lazily committed
+    pool hands out (commits) only the peak of blocks in use; the committed order takes a fresh
+    block for each new one and keeps the old ones cached."""
+    manager = KVCacheManager(1000, 4, is_lazily_committed=is_lazily_committed)
+    peak_used = 0
+    for first in range(0, 200, 4):
+        for seq_id in range(first, first + 4):
+            _run(manager, seq_id, [seq_id * 16 + t for t in range(10)])  # 3 blocks, 2 of them full
+        peak_used = max(peak_used, manager.num_used_blocks)
+        for seq_id in range(first, first + 4):
+            _free(manager, seq_id)
+    assert peak_used == 12
+    if is_lazily_committed:
+        assert manager.num_handed_out_blocks == 12
+        assert manager.stats().num_cached_blocks == 8  # the last four requests' full blocks
+    else:
+        assert manager.num_handed_out_blocks == 2 * 200 + 4  # full blocks kept; 4 partials reused
+        assert manager.stats().num_cached_blocks == 400

@@ -8,7 +8,8 @@ parent and tokens. After every operation:
 - the tree agrees with the shadow record: same cached blocks, parents and tokens, and a cached
   block holds the tokens the tree says (a cached block's tokens never change);
 - only blocks unreferenced before the operation were evicted;
-- match_prefix equals a naive walk over the shadow's cached blocks.
+- match_prefix equals a naive walk over the shadow's cached blocks;
+- on a lazily committed pool, the blocks ever handed out number the peak of blocks in use.
 At teardown every sequence is freed and every block must be free.
 """
 
@@ -39,12 +40,17 @@ class _ManagerMachine(RuleBasedStateMachine):
     num_blocks = 10
     block_size = 2
     enable_prefix_caching = True
+    is_lazily_committed = False
 
     def __init__(self) -> None:
         super().__init__()
         self.manager = KVCacheManager(
-            self.num_blocks, self.block_size, enable_prefix_caching=self.enable_prefix_caching
+            self.num_blocks,
+            self.block_size,
+            enable_prefix_caching=self.enable_prefix_caching,
+            is_lazily_committed=self.is_lazily_committed,
         )
+        self.peak_used = 0
         self.token_ids: dict[int, list[int]] = {}  # seq -> its tokens (computed and not yet)
         self.num_computed: dict[int, int] = {}
         self.kv: dict[int, list[int | None]] = {}  # block -> token in each slot (the "KV")
@@ -242,6 +248,10 @@ class _ManagerMachine(RuleBasedStateMachine):
                 assert slot == token_ids[pos], (seq_id, pos)
             assert manager.match_prefix(token_ids) == self._naive_match(token_ids)
         self.prev_refs = self._refs()
+        self.peak_used = max(self.peak_used, manager.num_used_blocks)
+        if self.is_lazily_committed:
+            # a never-used block is taken only when every block used before is in use again
+            assert manager.num_handed_out_blocks == self.peak_used
 
     def teardown(self) -> None:
         for seq_id in sorted(self.token_ids):
@@ -261,6 +271,10 @@ class _CachingOff(_ManagerMachine):
     enable_prefix_caching = False
 
 
+class _LazilyCommitted(_ManagerMachine):
+    is_lazily_committed = True
+
+
 _SETTINGS = settings(max_examples=200, stateful_step_count=30, deadline=None)
 
 
@@ -274,6 +288,10 @@ def test_random_runs_block_size_4() -> None:
 
 def test_random_runs_prefix_caching_off() -> None:
     run_state_machine_as_test(_CachingOff, settings=settings(_SETTINGS, max_examples=50))
+
+
+def test_random_runs_lazily_committed() -> None:
+    run_state_machine_as_test(_LazilyCommitted, settings=settings(_SETTINGS, max_examples=100))
 
 
 def test_random_runs_with_colliding_hashes(monkeypatch: pytest.MonkeyPatch) -> None:
