@@ -407,6 +407,8 @@ class LLMEngine:
         """The constrained sequences that draw a token in this step (at an n-sample fork, every
         sample of the request)."""
         targets: list[GrammarTarget] = []
+        if not self.structured.num_constrained:
+            return targets
         for chunk in plan.chunks:
             if chunk.num_samples == 0:
                 continue

@@ -139,9 +139,14 @@ class LengthDistribution:
         self._lengths = tuple(int(n) for n in lengths)
         self._filler = filler
         self._eos = eos
+        self._by_seed: dict[int, int] = {}  # asked once a token: kept (a few bytes a sample)
 
     def length(self, seed: int) -> int:
-        return self._lengths[xxhash.xxh64_intdigest(seed.to_bytes(8, "little")) % len(self._lengths)]
+        length = self._by_seed.get(seed)
+        if length is None:
+            length = self._lengths[xxhash.xxh64_intdigest(seed.to_bytes(8, "little")) % len(self._lengths)]
+            self._by_seed[seed] = length
+        return length
 
     def token(self, seed: int, index: int) -> int:
         return self._eos if index >= self.length(seed) - 1 else self._filler.token(seed, index)

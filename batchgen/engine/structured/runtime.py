@@ -112,6 +112,11 @@ class StructuredOutputs:
         if self._matchers is not None:
             self._matchers.release(seq_id)
 
+    @property
+    def num_constrained(self) -> int:
+        """Constrained sequences tracked now (0: a step has no mask to fill)."""
+        return 0 if self._matchers is None else len(self._matchers)
+
     def is_constrained(self, seq_id: int) -> bool:
         return self._matchers is not None and seq_id in self._matchers
 
