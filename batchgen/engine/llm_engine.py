@@ -36,6 +36,7 @@ from batchgen.engine.step_plan import StepPlan, StepResult
 from batchgen.engine.structured.matchers import GrammarTarget
 from batchgen.engine.structured.runtime import PendingMask, StructuredOutputs
 from batchgen.engine.timeline import Timeline
+from batchgen.kernels import is_kv_cache_lazy
 from batchgen.models.checkpoint import Checkpoint
 from batchgen.models.llama import LlamaModel
 from batchgen.radix import KVCacheManager
@@ -163,6 +164,10 @@ class LLMEngine:
             block_size,
             enable_prefix_caching=cache_config.enable_prefix_caching,
             hash_seed=cache_config.hash_seed,
+            # A CPU pool's pages are committed as blocks are first written: reusing written
+            # blocks first keeps resident KV at the peak of blocks in use (issue 25). An
+            # injected runner has no pool; it keeps the device order (cached blocks kept longest).
+            is_lazily_committed=model is not None and is_kv_cache_lazy(model.device),
         )
         if model is not None:
             runner = ModelRunner(model, num_blocks=num_blocks, block_size=block_size)
