@@ -132,12 +132,16 @@ class LLMEngine:
         runner: StepRunner | None = None,
         num_kv_blocks: int | None = None,
         clock: Callable[[], float] = time.time,
+        reuse_written_blocks_first: bool | None = None,
     ) -> None:
         """runner: None builds a `ModelRunner` over the checkpoint's weights; an injected one
         (the simulator's) comes with its pool size, `num_kv_blocks` (a value found for its
         hardware; `cache_config.num_kv_blocks` when None). clock: seconds, read at each step's
-        start and end and for latency records (the timeline's times come from it). Raises
-        ValueError for sizes that cannot work."""
+        start and end and for latency records (the timeline's times come from it).
+        reuse_written_blocks_first: the block pool's order (see `KVCacheManager`'s
+        `is_lazily_committed`); None: as the model's KV pool is committed (a CPU pool's pages on
+        first write: True), False for an injected runner. Raises ValueError for sizes that
+        cannot work."""
         if num_kv_blocks is not None and runner is None:
             raise ValueError("num_kv_blocks goes with an injected runner; set CacheConfig.num_kv_blocks")
         self.tokenizer = checkpoint.tokenizer
@@ -166,8 +170,13 @@ class LLMEngine:
             hash_seed=cache_config.hash_seed,
             # A CPU pool's pages are committed as blocks are first written: reusing written
             # blocks first keeps resident KV at the peak of blocks in use (issue 25). An
-            # injected runner has no pool; it keeps the device order (cached blocks kept longest).
-            is_lazily_committed=model is not None and is_kv_cache_lazy(model.device),
+            # injected runner has no pool: the device order (cached blocks kept longest) unless
+            # it says otherwise (the simulator of a CPU).
+            is_lazily_committed=(
+                reuse_written_blocks_first
+                if reuse_written_blocks_first is not None
+                else model is not None and is_kv_cache_lazy(model.device)
+            ),
         )
         if model is not None:
             runner = ModelRunner(model, num_blocks=num_blocks, block_size=block_size)

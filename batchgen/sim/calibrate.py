@@ -199,6 +199,7 @@ def fit_profile(
         memory_utilization=1.0,
         kv_cache_bytes=kv_cache_bytes,
         attention_flops=1.0 / per_attention_flop if per_attention_flop > 0 else _UNLIMITED,
+        kv_committed_on_write=True,  # a CPU run's pool
     )
     fitted = CostModel(shape, profile)
     predicted = np.array([fitted.seconds(w) for w in works])

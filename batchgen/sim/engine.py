@@ -133,5 +133,6 @@ def build_sim_engine(
         runner=runner,
         num_kv_blocks=num_blocks,
         clock=clock.now,
+        reuse_written_blocks_first=profile.kv_committed_on_write,
     )
     return SimEngine(engine, runner, clock, profile)

@@ -39,7 +39,10 @@ class HardwareProfile:
     sampling, launch); overlap: compute and memory time overlap (max, a roofline) or add (sum,
     how a calibrated CPU fits best); attention_flops: FLOP/s of attention's (query, key) work
     where it runs at its own rate (a CPU's attention kernel is bound by latency and cache, not by
-    the GEMMs' peak; calibration fits it), None: at `peak_flops` like the GEMMs.
+    the GEMMs' peak; calibration fits it), None: at `peak_flops` like the GEMMs;
+    kv_committed_on_write: the KV pool's pages are committed as blocks are first written (a
+    CPU), so the engine's block pool reuses written blocks before never-used ones; the
+    simulated engine then hands out blocks in that order too.
     """
 
     name: str
@@ -57,6 +60,7 @@ class HardwareProfile:
     kv_cache_bytes: float | None = None
     activation_reserve_bytes: float = 0.0
     attention_flops: float | None = None
+    kv_committed_on_write: bool = False
 
     def __post_init__(self) -> None:
         for name in ("peak_flops", "memory_bandwidth", "memory_bytes"):
@@ -71,8 +75,9 @@ class HardwareProfile:
         for name in ("kv_cache_bytes", "attention_flops"):
             if getattr(self, name) is not None:
                 _check_number(self.name, name, getattr(self, name), positive=True)
-        if not isinstance(self.overlap, bool):
-            raise ValueError(f"hardware profile {self.name!r}: overlap must be true or false")
+        for name in ("overlap", "kv_committed_on_write"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"hardware profile {self.name!r}: {name} must be true or false")
         if self.dtype_bytes not in (1, 2, 4):
             raise ValueError(f"hardware profile {self.name!r}: dtype_bytes must be 1, 2 or 4")
 

@@ -56,7 +56,7 @@ def test_a_timeline_made_by_a_profile_fits_back_to_it(seed: int, step: float, se
     # attention's own rate; where the truth has none, attention ran at the GEMMs' rate
     assert p.attention_flops == pytest.approx(flops if attention is None else attention, rel=1e-6)
     assert fit.r_squared == pytest.approx(1.0) and fit.predicted_s == pytest.approx(fit.measured_s)
-    assert (p.overlap, p.compute_efficiency, p.memory_efficiency) == (False, 1.0, 1.0)
+    assert (p.overlap, p.compute_efficiency, p.memory_efficiency, p.kv_committed_on_write) == (False, 1.0, 1.0, True)
 
 
 def test_noisy_times_fit_with_no_negative_coefficient() -> None:

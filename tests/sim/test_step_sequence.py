@@ -9,6 +9,8 @@ that they hold chunked prefills, prefix-cache hits, recompute preemptions and (n
 
 from __future__ import annotations
 
+import dataclasses
+
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -107,7 +109,10 @@ def _simulated(monkeypatch: pytest.MonkeyPatch, config: JobConfig, tokens: Token
     steps: list[Step] = []
     with monkeypatch.context() as m:
         m.setattr("batchgen.sim.engine.LLMEngine", _recording(steps, with_tokens=with_tokens))
-        result = simulate_job(config, model=load_sim_model(config.model), hardware=load_hardware("h100-sxm"),
+        # The real run is a CPU's: its block pool reuses written blocks first, so the simulated
+        # hardware says its pool is committed on write too (a GPU profile's order differs).
+        hardware = dataclasses.replace(load_hardware("h100-sxm"), kv_committed_on_write=True)
+        result = simulate_job(config, model=load_sim_model(config.model), hardware=hardware,
                               tokens=tokens, token_source="test", use_tqdm=False)
     return steps, result.summary
 
