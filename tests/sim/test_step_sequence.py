@@ -10,7 +10,6 @@ that they hold chunked prefills, prefix-cache hits, recompute preemptions and (n
 from __future__ import annotations
 
 import dataclasses
-
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
