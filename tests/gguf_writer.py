@@ -8,6 +8,11 @@ tokenizer (`SMALL_VOCAB_SIZE` tokens, trained here on a fixed text) instead of S
 GGUF keeps the vocabulary as one metadata entry per token, and reading SmolLM2's back takes
 seconds per file.
 
+With `spm_model` the folder carries a SentencePiece vocabulary instead (`tokenizer.model` and the
+`tokenizer.json` transformers converts from it), and `write_gguf` writes it as the converter's
+`_set_vocab_sentencepiece` does (pieces, scores, token types, added tokens as control or
+user-defined, no prefix space for Gemma); `write_vocab_gguf` writes only the vocabulary.
+
 `write_gguf` converts such a folder from its `config.json` and `model.safetensors`, following the
 converter class of each architecture rather than batchgen's loader: metadata under llama.cpp's
 keys (`gguf.Keys`), tensors renamed with `gguf.TensorNameMap`, Q/K rows permuted for the `llama`
@@ -38,7 +43,9 @@ __all__ = [
     "SMALL_VOCAB_SIZE",
     "make_small_vocab_folder",
     "q8_0_round_trip",
+    "save_spm_tokenizer",
     "write_gguf",
+    "write_vocab_gguf",
 ]
 
 # Hugging Face model_type -> llama.cpp architecture (the converter class's model_arch).
@@ -115,15 +122,23 @@ def make_small_vocab_folder(
     tie_word_embeddings: bool = True,
     seed: int = 0,
     extra_config: Mapping[str, Any] | None = None,
+    spm_model: bytes | None = None,
 ) -> Path:
     """A random tiny `architecture` (a Hugging Face model_type) with the small tokenizer, saved by
     transformers into `tmp_path / f"{architecture}-{seed}"`; `extra_config` adds or overrides
-    keyword arguments of the transformers config class. Returns the folder."""
+    keyword arguments of the transformers config class. With `spm_model` (a serialized
+    SentencePiece model) the folder has that vocabulary instead, as Llama 2, Mistral and Gemma
+    folders do: `tokenizer.model`, and the `tokenizer.json` transformers converts from it.
+    Returns the folder."""
     import transformers
 
     bos, eos = 0, 2  # <|endoftext|>, <|im_end|>
+    vocab_size = SMALL_VOCAB_SIZE
+    if spm_model is not None:
+        sp = _spm_processor(spm_model)
+        bos, eos, vocab_size = sp.bos_id(), sp.eos_id(), sp.get_piece_size()
     kwargs: dict[str, Any] = {
-        "vocab_size": SMALL_VOCAB_SIZE,
+        "vocab_size": vocab_size,
         "hidden_size": hidden_size,
         "intermediate_size": intermediate_size,
         "num_hidden_layers": num_layers,
@@ -147,12 +162,56 @@ def make_small_vocab_folder(
         model.tie_weights()
     folder = Path(tmp_path) / f"{architecture}-{seed}"
     model.save_pretrained(folder)
+    if spm_model is not None:
+        save_spm_tokenizer(folder, spm_model, gemma=architecture.startswith("gemma"))
+        return folder
     (folder / "tokenizer.json").write_text(_tokenizer_json(), encoding="utf-8")
     (folder / "tokenizer_config.json").write_text(
         json.dumps({"bos_token": _SPECIAL_TOKENS[bos], "eos_token": _SPECIAL_TOKENS[eos]}),
         encoding="utf-8",
     )
     return folder
+
+
+def _spm_processor(spm_model: bytes) -> Any:
+    import sentencepiece
+
+    return sentencepiece.SentencePieceProcessor(model_proto=spm_model)
+
+
+def save_spm_tokenizer(folder: Path, spm_model: bytes, *, gemma: bool) -> None:
+    """Write tokenizer.model into `folder` (created if needed) plus what transformers saves from
+    it (tokenizer.json, tokenizer_config.json with added_tokens_decoder), as a Llama 2 / Mistral
+    or a Gemma folder holds them; BOS added, EOS not."""
+    import transformers
+
+    sp = _spm_processor(spm_model)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "tokenizer.model").write_bytes(spm_model)
+    config: dict[str, Any] = {
+        "tokenizer_class": "GemmaTokenizer" if gemma else "LlamaTokenizer",
+        "add_bos_token": True,
+        "add_eos_token": False,
+        "legacy": True,  # Llama 2 / Mistral: a prefix space after each special token
+    }
+    for key, token_id in (
+        ("bos_token", sp.bos_id()), ("eos_token", sp.eos_id()),
+        ("unk_token", sp.unk_id()), ("pad_token", sp.pad_id()),
+    ):  # fmt: skip
+        if token_id >= 0:
+            config[key] = sp.id_to_piece(token_id)
+    (folder / "tokenizer_config.json").write_text(json.dumps(config), encoding="utf-8")
+    transformers.AutoTokenizer.from_pretrained(folder).save_pretrained(folder)
+    # transformers 5 saves neither the added tokens nor add_bos_token in tokenizer_config.json;
+    # the folders llama.cpp converts (saved by transformers 4) have both.
+    saved = json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8"))
+    added = json.loads((folder / "tokenizer.json").read_text(encoding="utf-8"))["added_tokens"]
+    saved["added_tokens_decoder"] = {
+        str(token["id"]): {key: value for key, value in token.items() if key != "id"}
+        for token in added
+    }
+    saved.update(add_bos_token=True, add_eos_token=False)
+    (folder / "tokenizer_config.json").write_text(json.dumps(saved), encoding="utf-8")
 
 
 def _quantizable(array: np.ndarray) -> bool:
@@ -240,7 +299,12 @@ def _write_metadata(
         writer.add_sliding_window(hparams["sliding_window"])
 
 
-def _write_tokenizer(writer: gguf.GGUFWriter) -> None:
+def _write_tokenizer(writer: gguf.GGUFWriter, folder: Path, arch: str) -> None:
+    """The vocabulary as the converter writes it: SentencePiece when the folder has a
+    tokenizer.model (`_set_vocab_sentencepiece`), else the small byte-level BPE."""
+    if (folder / "tokenizer.model").is_file():
+        _write_spm_vocab(writer, folder, arch)
+        return
     model = json.loads(_tokenizer_json())["model"]
     tokens = [token for token, _ in sorted(model["vocab"].items(), key=lambda item: item[1])]
     writer.add_tokenizer_model("gpt2")
@@ -258,6 +322,64 @@ def _write_tokenizer(writer: gguf.GGUFWriter) -> None:
     writer.add_bos_token_id(0)
     writer.add_eos_token_id(2)
     writer.add_add_bos_token(False)
+
+
+def _write_spm_vocab(writer: gguf.GGUFWriter, folder: Path, arch: str) -> None:
+    """TextModel._create_vocab_sentencepiece and _set_vocab_sentencepiece: each piece with its
+    score and type from the SentencePiece model; tokens tokenizer_config.json lists in
+    added_tokens_decoder become control (special, or looking special) or user-defined (with "▁"
+    written as " ") with score -1000; special ids and add_bos/add_eos by `gguf.SpecialVocab`;
+    Gemma without the prefix space."""
+    sp = _spm_processor((folder / "tokenizer.model").read_bytes())
+    tokens: list[str] = []
+    scores: list[float] = []
+    types: list[int] = []
+    for token_id in range(sp.get_piece_size()):
+        kind = gguf.TokenType.NORMAL
+        if sp.is_unknown(token_id):
+            kind = gguf.TokenType.UNKNOWN
+        elif sp.is_control(token_id):
+            kind = gguf.TokenType.CONTROL
+        elif sp.is_unused(token_id):
+            kind = gguf.TokenType.UNUSED
+        elif sp.is_byte(token_id):
+            kind = gguf.TokenType.BYTE
+        tokens.append(sp.id_to_piece(token_id))
+        scores.append(sp.get_score(token_id))
+        types.append(int(kind))
+    config = json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8"))
+    for key, data in config.get("added_tokens_decoder", {}).items():
+        token_id, token = int(key), data["content"]
+        if token_id >= len(tokens):
+            continue  # the converter warns and skips it (GemmaTokenizer's <mask>)
+        looks_special = token.startswith("<|") and token.endswith("|>")
+        if data.get("special") or looks_special:
+            types[token_id] = int(gguf.TokenType.CONTROL)
+        else:
+            token = token.replace("\u2581", " ")
+            types[token_id] = int(gguf.TokenType.USER_DEFINED)
+        tokens[token_id] = token
+        scores[token_id] = -1000.0
+    writer.add_tokenizer_model("llama")
+    writer.add_tokenizer_pre("default")
+    writer.add_token_list(tokens)
+    writer.add_token_scores(scores)
+    writer.add_token_types(types)
+    gguf.SpecialVocab(folder, n_vocab=len(tokens)).add_to_gguf(writer, quiet=True)
+    if arch in ("gemma2", "gemma3"):  # Gemma2Model / Gemma3Model.set_vocab
+        writer.add_add_space_prefix(False)
+
+
+def write_vocab_gguf(folder: Path, path: Path, arch: str) -> Path:
+    """A GGUF holding only `folder`'s vocabulary, as `write_gguf` writes it for `arch` (a
+    llama.cpp architecture), and no tensors, as llama.cpp's `--vocab-only` does."""
+    writer = gguf.GGUFWriter(path, arch)
+    _write_tokenizer(writer, folder, arch)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
 
 
 def _permute(weights: np.ndarray, num_heads: int) -> np.ndarray:
@@ -315,7 +437,7 @@ def write_gguf(folder: Path, path: Path, *, quantize: bool = False) -> Path:
     name_map = gguf.get_tensor_name_map(model_arch, hparams["num_hidden_layers"])
     writer = gguf.GGUFWriter(path, arch)
     _write_metadata(writer, arch, hparams, model_type)
-    _write_tokenizer(writer)
+    _write_tokenizer(writer, folder, arch)
     if arch == "phi3":  # Phi3MiniModel.generate_extra_tensors
         rope = _rope_parameters(hparams)
         if rope.get("rope_type") == "longrope":

@@ -12,9 +12,9 @@ Hugging Face-named weights its Hugging Face folder gives, so the same family mod
   ...) to float32, casts it to the requested dtype and renames it, undoing what the converter
   did: Q/K rows permuted back for `llama` / `smollm3`, Gemma's stored `w + 1` norms back to `w`,
   stacked experts split per expert;
-- the tokenizer comes from `tokenizer.ggml.*` (`batchgen.tokenizer.tokenizer`; byte-level BPE
-  only, so files with a SentencePiece vocabulary, such as Gemma's and Mistral's, are refused
-  there, naming the key).
+- the tokenizer comes from `tokenizer.ggml.*` (`batchgen.tokenizer.tokenizer`): byte-level BPE
+  (`gpt2`) or SentencePiece BPE (`llama`: Llama 2, Mistral, Mixtral, Phi-3-mini, Gemma); another
+  `tokenizer.ggml.model` is refused there, naming the key.
 
 An unsupported architecture, a missing required key, or a feature batchgen does not implement
 raises ValueError naming the file and the architecture or key.

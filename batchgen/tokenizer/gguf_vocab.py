@@ -1,12 +1,20 @@
 """A GGUF file's `tokenizer.ggml.*` metadata as a Hugging Face `tokenizers` backend.
 
-The build reproduces what `transformers` builds for the same file
-(`AutoTokenizer.from_pretrained(..., gguf_file=...)`): byte-level BPE with the file's vocabulary
-and merges, the GPT-2 split unless `tokenizer.ggml.pre` names a known different one, control
-tokens as special added tokens, and a post-processor that adds BOS/EOS as
-`add_bos_token`/`add_eos_token` say. Ids therefore match `transformers` token for token.
+Two vocabularies, by `tokenizer.ggml.model`:
 
-Imports `tokenizers`; no torch, nothing else of batchgen.
+- `gpt2`, byte-level BPE (Llama 3, Qwen, SmolLM, Phi-4-mini): built as `transformers` builds it
+  for the same file (`AutoTokenizer.from_pretrained(..., gguf_file=...)`), with the file's
+  vocabulary and merges and the GPT-2 split unless `tokenizer.ggml.pre` names a known different
+  one, so ids match `transformers` token for token;
+- `llama`, SentencePiece BPE (Llama 2, Mistral 7B, Mixtral, Phi-3-mini, Gemma 2 and 3): merges
+  ranked by `tokenizer.ggml.scores`, byte fallback, "▁" for spaces and a prefix space as
+  `add_space_prefix` says (absent: yes), encoding as SentencePiece and llama.cpp do (`gguf_spm`).
+
+In both, control tokens (and SentencePiece's unknown token) are special added tokens and
+user-defined ones plain added tokens, both matched whole in the text, and a post-processor adds
+BOS/EOS as `add_bos_token`/`add_eos_token` say (absent: BOS for `llama`, as llama.cpp does).
+
+Imports `tokenizers` and `gguf_spm`; no torch, nothing else of batchgen.
 """
 
 from __future__ import annotations
@@ -17,6 +25,8 @@ from typing import TYPE_CHECKING, Any
 from tokenizers import AddedToken, Regex, decoders, pre_tokenizers, processors
 from tokenizers import Tokenizer as _Backend
 from tokenizers.models import BPE
+
+from batchgen.tokenizer.gguf_spm import TOKEN_TYPE_NORMAL, spm_backend
 
 if TYPE_CHECKING:
     import gguf
@@ -35,6 +45,7 @@ class GgufTokenizer:
 
 
 # GGUF token types (llama.cpp's llama_token_type).
+_TOKEN_TYPE_UNKNOWN = 2
 _TOKEN_TYPE_CONTROL = 3
 _TOKEN_TYPE_USER_DEFINED = 4
 
@@ -124,25 +135,11 @@ def _post_processor(
     return processors.TemplateProcessing(single=single, pair=pair, special_tokens=special_tokens)
 
 
-def gguf_tokenizer(reader: gguf.GGUFReader) -> GgufTokenizer:
-    """Build the backend from `reader`'s metadata. Raises ValueError naming the key for an
-    unsupported tokenizer model, missing tokens/merges or an out-of-range special token id."""
-    source = getattr(reader, "data", None)
-    where = f"{getattr(source, 'filename', 'GGUF file')}"
-    model = _gguf_field(reader, "tokenizer.ggml.model")
-    if model != "gpt2":
-        raise ValueError(
-            f"{where}: tokenizer.ggml.model {model!r} is not supported; supported: 'gpt2' "
-            "(byte-level BPE)"
-        )
-    tokens = _gguf_field(reader, "tokenizer.ggml.tokens")
+def _byte_level_backend(reader: gguf.GGUFReader, tokens: list[str], where: str) -> _Backend:
+    """Byte-level BPE from the file's merges, split as `tokenizer.ggml.pre` says."""
     merges = _gguf_field(reader, "tokenizer.ggml.merges")
-    if not tokens:
-        raise ValueError(f"{where}: tokenizer.ggml.tokens is missing or empty")
     if not merges:
         raise ValueError(f"{where}: tokenizer.ggml.merges is missing or empty")
-    token_types: list[int] = _gguf_field(reader, "tokenizer.ggml.token_type") or []
-
     byte_chars = _bytes_to_unicode()
     alphabet = set(byte_chars.values())
     vocab = {
@@ -176,6 +173,67 @@ def gguf_tokenizer(reader: gguf.GGUFReader) -> GgufTokenizer:
             ]
         )
     backend.decoder = decoders.ByteLevel()
+    return backend
+
+
+def _spm_backend(
+    reader: gguf.GGUFReader, tokens: list[str], token_types: list[int], where: str
+) -> _Backend:
+    """SentencePiece BPE from the file's scores (`gguf_spm`); the unknown piece is the one
+    `unknown_token_id` names, else the one typed unknown."""
+    scores = _gguf_field(reader, "tokenizer.ggml.scores")
+    if not scores or len(scores) != len(tokens):
+        raise ValueError(
+            f"{where}: tokenizer.ggml.scores has {len(scores or [])} entries for {len(tokens)} tokens"
+        )
+    if token_types and len(token_types) != len(tokens):
+        raise ValueError(
+            f"{where}: tokenizer.ggml.token_type has {len(token_types)} entries for {len(tokens)} tokens"
+        )
+    types = token_types or [TOKEN_TYPE_NORMAL] * len(tokens)
+    unk_id = _gguf_field(reader, "tokenizer.ggml.unknown_token_id")
+    if unk_id is None:
+        unk_id = next((i for i, kind in enumerate(types) if kind == _TOKEN_TYPE_UNKNOWN), None)
+    if unk_id is not None and not 0 <= unk_id < len(tokens):
+        raise ValueError(f"{where}: tokenizer.ggml.unknown_token_id {unk_id} is out of range")
+    # llama.cpp's defaults for a SentencePiece vocabulary: a prefix space unless the file says no.
+    add_space_prefix = _gguf_field(reader, "tokenizer.ggml.add_space_prefix")
+    return spm_backend(
+        tokens,
+        [float(score) for score in scores],
+        types,
+        unk_token=None if unk_id is None else tokens[unk_id],
+        add_space_prefix=True if add_space_prefix is None else bool(add_space_prefix),
+    )
+
+
+def gguf_tokenizer(reader: gguf.GGUFReader) -> GgufTokenizer:
+    """Build the backend from `reader`'s metadata. Raises ValueError naming the key for an
+    unsupported tokenizer model, missing tokens/merges/scores or an out-of-range special token
+    id."""
+    source = getattr(reader, "data", None)
+    where = f"{getattr(source, 'filename', 'GGUF file')}"
+    model = _gguf_field(reader, "tokenizer.ggml.model")
+    if model not in ("gpt2", "llama"):
+        raise ValueError(
+            f"{where}: tokenizer.ggml.model {model!r} is not supported; supported: 'gpt2' "
+            "(byte-level BPE), 'llama' (SentencePiece BPE)"
+        )
+    tokens = _gguf_field(reader, "tokenizer.ggml.tokens")
+    if not tokens:
+        raise ValueError(f"{where}: tokenizer.ggml.tokens is missing or empty")
+    token_types: list[int] = _gguf_field(reader, "tokenizer.ggml.token_type") or []
+    if model == "gpt2":
+        backend = _byte_level_backend(reader, tokens, where)
+        # A control token written outside the byte alphabet is a llama.cpp mislabel and is
+        # skipped, as transformers does.
+        alphabet: set[str] | None = set(_bytes_to_unicode().values())
+        special_types = {_TOKEN_TYPE_CONTROL}
+    else:
+        backend = _spm_backend(reader, tokens, token_types, where)
+        alphabet = None
+        special_types = {_TOKEN_TYPE_CONTROL, _TOKEN_TYPE_UNKNOWN}
+    vocab = backend.get_vocab()
 
     def named(key: str) -> str | None:
         token_id = _gguf_field(reader, f"tokenizer.ggml.{key}")
@@ -186,12 +244,11 @@ def gguf_tokenizer(reader: gguf.GGUFReader) -> GgufTokenizer:
         return str(tokens[token_id])
 
     bos_token, eos_token = named("bos_token_id"), named("eos_token_id")
-    # Control tokens are matched whole and are special; a control token written outside the
-    # byte alphabet is a llama.cpp mislabel and is skipped, as transformers does.
+    # Control (and, for SentencePiece, unknown) tokens are matched whole and are special.
     specials = [
         token
         for token, kind in zip(tokens, token_types, strict=False)
-        if kind == _TOKEN_TYPE_CONTROL and set(token) <= alphabet
+        if kind in special_types and (alphabet is None or set(token) <= alphabet)
     ]
     named_specials = [
         token
@@ -204,10 +261,7 @@ def gguf_tokenizer(reader: gguf.GGUFReader) -> GgufTokenizer:
         if token is not None and token in vocab and token not in specials
     ]
     backend.add_special_tokens(
-        [
-            AddedToken(token, normalized=False, special=True)
-            for token in specials + named_specials
-        ]
+        [AddedToken(token, normalized=False, special=True) for token in specials + named_specials]
     )
     user_defined = [
         AddedToken(token, normalized=False, special=False)
@@ -216,12 +270,14 @@ def gguf_tokenizer(reader: gguf.GGUFReader) -> GgufTokenizer:
     ]
     if user_defined:
         backend.add_tokens(user_defined)
+    # llama.cpp (and transformers) add BOS to a SentencePiece vocabulary that does not say.
+    add_bos = _gguf_field(reader, "tokenizer.ggml.add_bos_token")
     backend.post_processor = _post_processor(
         bos_token,
         None if bos_token is None else backend.token_to_id(bos_token),
         eos_token,
         None if eos_token is None else backend.token_to_id(eos_token),
-        add_bos_token=bool(_gguf_field(reader, "tokenizer.ggml.add_bos_token") or False),
+        add_bos_token=bool(model == "llama" if add_bos is None else add_bos),
         add_eos_token=bool(_gguf_field(reader, "tokenizer.ggml.add_eos_token") or False),
     )
     template = _gguf_field(reader, "tokenizer.chat_template")
@@ -231,4 +287,3 @@ def gguf_tokenizer(reader: gguf.GGUFReader) -> GgufTokenizer:
         eos_token=eos_token,
         chat_template=None if template is None else str(template),
     )
-

@@ -1,11 +1,9 @@
 """Text <-> token ids for a model, and its chat template, over a Hugging Face `tokenizers` backend.
 
 `Tokenizer` is built from a Hugging Face folder (`tokenizer.json` + `tokenizer_config.json`) or
-from a GGUF file's `tokenizer.ggml.*` metadata. The GGUF build reproduces what `transformers`
-builds for the same file (`AutoTokenizer.from_pretrained(..., gguf_file=...)`): byte-level BPE
-with the file's vocabulary and merges, the GPT-2 split unless `tokenizer.ggml.pre` names a known
-different one, control tokens as special added tokens, and a post-processor that adds BOS/EOS as
-`add_bos_token`/`add_eos_token` say. Ids therefore match `transformers` token for token.
+from a GGUF file's `tokenizer.ggml.*` metadata (`gguf_vocab`): a byte-level BPE vocabulary
+(`gpt2`) builds as `transformers` builds it, ids matching token for token; a SentencePiece one
+(`llama`) encodes and decodes as its SentencePiece model and llama.cpp do.
 
 Invariants: the backend never truncates or pads; the object is immutable after construction, so
 it may be shared by worker threads. `fingerprint` hashes everything that changes ids or prompts.
@@ -169,10 +167,11 @@ class Tokenizer:
 
     @classmethod
     def from_gguf(cls, reader: gguf.GGUFReader) -> Tokenizer:
-        """Build from `tokenizer.ggml.*` metadata exactly as transformers converts it.
+        """Build from `tokenizer.ggml.*` metadata (module docstring).
 
-        Only byte-level BPE (`tokenizer.ggml.model == "gpt2"`) is supported; anything else, or
-        missing tokens/merges, raises ValueError naming the key.
+        `tokenizer.ggml.model` must be `gpt2` (byte-level BPE) or `llama` (SentencePiece BPE);
+        another model, or missing tokens, merges (gpt2) or scores (llama), raises ValueError
+        naming the key.
         """
         parts = gguf_tokenizer(reader)
         return cls(
