@@ -81,8 +81,8 @@ def _calibrate(args: argparse.Namespace) -> int:
     comment = (
         f"Calibrated from {run.source} ({result.num_intervals} timeline intervals, R^2 {result.r_squared:.3f};\n"
         f"measured {result.measured_s:.2f} s, this profile predicts {result.predicted_s:.2f} s).\n"
-        "Fitted: t = step_overhead_s*steps + seq_overhead_s*seqs + flops/peak_flops\n"
-        "  + attention flops/attention_flops + bytes/memory_bandwidth\n"
+        "Fitted: t = step_overhead_s*steps + seq_overhead_s*seqs + (flops + attention flops)/peak_flops\n"
+        "  + bytes/memory_bandwidth\n"
         "(efficiencies 1, overlap false: the parts add; kv_cache_bytes is the run's KV pool)."
     )
     path = write_hardware(Path(args.out), p, comment=comment)

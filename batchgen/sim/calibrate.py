@@ -5,12 +5,12 @@ Owns `calibrate`: each `timeline.parquet` row is an interval of steps with its w
 its time. The time an interval stands for runs from its first step's start to the next
 interval's (so the gaps between steps, the pipeline's own work, are in it):
 
-    t_i = step_overhead_s * N_i + seq_overhead_s * R_i + flops_i / F + attn_i / F_attn + bytes_i / B
+    t_i = step_overhead_s * N_i + seq_overhead_s * R_i + (flops_i + attn_i) / F + bytes_i / B
 
 with flops (the GEMMs'), attn (attention's) and bytes the cost model's (`batchgen.sim.cost`, the
-run's model and dtype). The five coefficients are fitted by non-negative least squares over the
+run's model and dtype). The four coefficients are fitted by non-negative least squares over the
 intervals (every subset of them, the best fit with all coefficients >= 0), and written as a
-profile (F_attn as `attention_flops`) with both
+profile with both
 efficiencies 1, `overlap: false` (the fitted times add), and the run's KV pool as
 `kv_cache_bytes`. A coefficient fitted to 0 leaves that resource unlimited (a peak of 1e30).
 
@@ -143,7 +143,7 @@ def _intervals(rows: list[dict[str, Any]]) -> tuple[list[StepWork], list[float]]
 
 def _nnls(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     """Least squares with every coefficient >= 0: the best of all column subsets' fits whose
-    coefficients are all >= 0 (5 columns: 31 subsets)."""
+    coefficients are all >= 0 (4 columns: 15 subsets)."""
     scale = np.maximum(np.abs(x).max(axis=0), 1e-300)
     xs = x / scale
     best, best_err = np.zeros(x.shape[1]), float(np.sum(y**2))
@@ -170,7 +170,10 @@ def fit_profile(
     kv_cache_bytes: float | None,
     name: str,
 ) -> Calibration:
-    """Fit the five coefficients to intervals (see the module docstring)."""
+    """Fit the four coefficients to intervals (see the module docstring). Attention is priced at
+    the GEMMs' rate: a separate attention rate fitted from the demo job swung from 40 to 11
+    GFLOP/s between two runs of it (its prompts are short, so its attention pairs follow its
+    prefill tokens) and mispredicted long-context work by up to +171%."""
     unit = HardwareProfile(
         name=name, description="", peak_flops=1.0, memory_bandwidth=1.0, memory_bytes=1.0,
         compute_efficiency=1.0, memory_efficiency=1.0, step_overhead_s=0.0, seq_overhead_s=0.0,
@@ -178,11 +181,11 @@ def fit_profile(
     )
     cost = CostModel(shape, unit)
     x = np.array(
-        [[w.num_steps, w.num_seqs, cost.flops(w), cost.attention_flops(w), cost.bytes(w)] for w in works],
+        [[w.num_steps, w.num_seqs, cost.flops(w) + cost.attention_flops(w), cost.bytes(w)] for w in works],
         dtype=np.float64,
     )
     y = np.array(seconds, dtype=np.float64)
-    step, seq, per_flop, per_attention_flop, per_byte = (float(c) for c in _nnls(x, y))
+    step, seq, per_flop, per_byte = (float(c) for c in _nnls(x, y))
     memory = kv_cache_bytes if kv_cache_bytes else 1.0
     profile = HardwareProfile(
         name=name,
@@ -198,7 +201,6 @@ def fit_profile(
         dtype_bytes=dtype_bytes,
         memory_utilization=1.0,
         kv_cache_bytes=kv_cache_bytes,
-        attention_flops=1.0 / per_attention_flop if per_attention_flop > 0 else _UNLIMITED,
         kv_committed_on_write=True,  # a CPU run's pool
     )
     fitted = CostModel(shape, profile)

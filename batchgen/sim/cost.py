@@ -20,11 +20,9 @@ The formula, per step (a roofline of compute and memory time plus a fixed host o
     hidden size, V the vocabulary, L layers, Hq query heads, D head size; W the weight bytes
     (layers and LM head, read once per step), KV the KV bytes of one token (2 * L * Hkv * D * b).
     combine is max when the profile says compute and memory overlap (a GPU), their sum otherwise
-    (what a calibrated CPU fits). attention_flops is peak_flops unless the profile sets it: on
-    this CPU attention runs at about a fifth of the packed GEMMs' rate, and calibrating with a
-    rate of its own moved the multi-turn workload's prediction (long contexts) from -23% to +14%
-    of the measured time on the same timelines. Norms, RoPE, the embedding gather and
-    activations are left out.
+    (what a calibrated CPU fits). attention_flops is peak_flops unless the profile sets it (a
+    profile file may state attention's own rate; calibration does not fit one: see
+    `batchgen.sim.calibrate`). Norms, RoPE, the embedding gather and activations are left out.
 
 Every count is a sum over steps, so the same formula prices a timeline interval (calibration)
 as the sum of its steps when combine is the sum; with max it is exact per step only.
