@@ -452,7 +452,8 @@ def run_workload_bench(
             print(f"sampler: {1000 * r.sampler_s / max(r.num_steps, 1):.2f} ms a step, {share:.1%} of the run")
             if r.masked_steps:
                 print(f"grammar masks: {r.masked_steps} steps, filled in {1000 * r.mask_fill_s / r.masked_steps:.2f} ms a "
-                      f"step on the worker, waited for {1000 * r.mask_wait_s / r.masked_steps:.3f} ms a step")
+                      f"step (beside the forward pass where it leaves a core free, else before it), "
+                      f"waited for {1000 * r.mask_wait_s / r.masked_steps:.3f} ms a step")
     if out is not None and engine is not None:
         _write_workload_json(out, results, timelines, engine, model=model, simulate=simulate,
                              block_size=cache_config.block_size)

@@ -417,6 +417,11 @@ class LLMEngine:
             num_attention_pairs=pairs,
         )
 
+    def _mask_overlaps(self) -> bool:
+        """Grammar masks fill beside the forward pass when it leaves a core free: a GPU's, or a
+        CPU's running on fewer threads than the machine has cores."""
+        return self._device.type != "cpu" or torch.get_num_threads() < (os.cpu_count() or 1)
+
     def _grammar_targets(self, plan: StepPlan) -> list[GrammarTarget]:
         """The constrained sequences that draw a token in this step (at an n-sample fork, every
         sample of the request)."""
@@ -436,7 +441,9 @@ class LLMEngine:
 
     def _run(self, plan: StepPlan) -> StepResult:
         # The grammar masks are filled on a worker thread while the forward pass runs.
-        pending: PendingMask | None = self.structured.start_masks(self._grammar_targets(plan))
+        pending: PendingMask | None = self.structured.start_masks(
+            self._grammar_targets(plan), overlap=self._mask_overlaps()
+        )
         step_logits = self._runner.execute(plan)
         if isinstance(step_logits, StepResult):
             if pending is not None:

@@ -252,3 +252,26 @@ def test_ignore_eos_keeps_a_constrained_row_going_until_its_grammar_ends(llm: LL
     choice = SamplingParams(max_tokens=20, temperature=0, ignore_eos=True, structured_outputs={"choice": ["a long answer"]})
     done = llm.generate(["x"], choice, use_tqdm=False)[0].outputs[0]
     assert (done.text, done.finish_reason, done.grammar_completed) == ("a long answer", "stop", True)
+
+
+def test_masks_fill_beside_the_forward_pass_only_where_a_core_is_free(llm: LLM, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a CPU whose forward pass uses every core the fill runs first, on the engine's thread
+    (no worker thread); with a core to spare it runs on the worker. The outputs are the same."""
+    import os
+
+    import torch
+
+    engine = llm.engine
+    cores = os.cpu_count() or 1
+    monkeypatch.setattr(torch, "get_num_threads", lambda: cores)
+    assert not engine._mask_overlaps()
+    params = [SamplingParams(max_tokens=12, temperature=0.8, seed=s, structured_outputs={"json": SCHEMAS["enum"]})
+              for s in range(3)]
+    engine.structured._worker = None
+    serial = [o.outputs[0].token_ids for o in llm.generate(["a", "b", "c"], params, use_tqdm=False)]
+    assert engine.structured._worker is None
+    monkeypatch.setattr(torch, "get_num_threads", lambda: max(1, cores - 1) if cores > 1 else 0)
+    assert engine._mask_overlaps()
+    overlapped = [o.outputs[0].token_ids for o in llm.generate(["a", "b", "c"], params, use_tqdm=False)]
+    assert engine.structured._worker is not None
+    assert overlapped == serial
