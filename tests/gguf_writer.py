@@ -38,6 +38,8 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
+from tests.tiny_models import finish_gguf
+
 __all__ = [
     "GGUF_ARCHITECTURE",
     "SMALL_VOCAB_SIZE",
@@ -70,6 +72,7 @@ _CORPUS = (
     "Numbers, names and punctuation mix with spaces, tabs\tand new lines\n."
 ) * 4
 _Q8_0_BLOCK = 32
+
 
 
 @functools.lru_cache(maxsize=1)
@@ -375,10 +378,7 @@ def write_vocab_gguf(folder: Path, path: Path, arch: str) -> Path:
     llama.cpp architecture), and no tensors, as llama.cpp's `--vocab-only` does."""
     writer = gguf.GGUFWriter(path, arch)
     _write_tokenizer(writer, folder, arch)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    finish_gguf(writer)
     return path
 
 
@@ -466,8 +466,5 @@ def write_gguf(folder: Path, path: Path, *, quantize: bool = False) -> Path:
             writer.add_tensor(gguf_name, packed, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
         else:
             writer.add_tensor(gguf_name, array)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    finish_gguf(writer)
     return path

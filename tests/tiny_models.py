@@ -357,8 +357,13 @@ def make_tiny_gguf(
         elif ".k_proj." in name:
             array = _llama_cpp_permute(array, num_kv_heads)
         writer.add_tensor(_gguf_tensor_name(name), np.ascontiguousarray(array))
+    finish_gguf(writer)
+    return TinyGGUF(gguf_path=path, hf_folder=folder)
+
+
+def finish_gguf(writer: Any) -> None:
+    """Write a `gguf.GGUFWriter`'s header, metadata and tensors to its file, and close it."""
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    return TinyGGUF(gguf_path=path, hf_folder=folder)

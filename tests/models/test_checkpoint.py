@@ -21,7 +21,7 @@ from batchgen.models.checkpoint import (
     load_checkpoint,
 )
 from batchgen.models.config import ModelConfig, RopeScaling
-from tests.tiny_models import make_tiny_gguf, make_tiny_hf_folder
+from tests.tiny_models import finish_gguf, make_tiny_gguf, make_tiny_hf_folder
 
 LLAMA3_ROPE = {
     "rope_type": "llama3",
@@ -218,10 +218,7 @@ def test_gguf_other_architecture_is_rejected(tmp_path: Path) -> None:
     path = tmp_path / "other.gguf"
     writer = gguf.GGUFWriter(path, "gemma")
     writer.add_block_count(1)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    finish_gguf(writer)
     with pytest.raises(ValueError, match=r"other\.gguf.*'gemma'.*supported: llama"):
         load_checkpoint(path)
 

@@ -31,6 +31,7 @@ from batchgen import LLM, SamplingParams
 from batchgen.models.checkpoint import Checkpoint, load_checkpoint
 from batchgen.models.gguf_config import GGUF_ARCHITECTURES
 from tests.gguf_writer import make_small_vocab_folder, q8_0_round_trip, write_gguf
+from tests.tiny_models import finish_gguf
 
 WINDOW = 8
 PROMPTS = [[5, 17, 42, 99, 150], [7 + 3 * i for i in range(12)], [300 - 11 * i for i in range(20)]]
@@ -164,10 +165,7 @@ def _metadata_file(path: Path, arch: str, values: dict[str, Any]) -> Path:
             writer.add_float32(f"{arch}.{key}", value)
         else:
             writer.add_uint32(f"{arch}.{key}", value)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    finish_gguf(writer)
     return path
 
 
@@ -232,10 +230,7 @@ def test_phi3_longrope_without_its_factors_is_refused(tmp_path: Path) -> None:
             f"phi3.{key}", value
         )
     writer.add_tensor("rope_factors_long.weight", np.ones(8, dtype=np.float32))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    finish_gguf(writer)
     with pytest.raises(
         ValueError,
         match=r"phi3\.gguf: longrope needs tensor rope_factors_short\.weight of \(8,\), found missing",

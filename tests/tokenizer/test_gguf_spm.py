@@ -41,6 +41,7 @@ from tests.gguf_writer import (
     write_gguf,
     write_vocab_gguf,
 )
+from tests.tiny_models import finish_gguf
 
 VOCAB_SIZE = 1000
 CONTROL = ["<|im_start|>", "<|im_end|>"]
@@ -227,10 +228,7 @@ def test_unsupported_tokenizer_model_is_named(tmp_path: Path) -> None:
     writer = gguf.GGUFWriter(tmp_path / "t5.gguf", "t5")
     writer.add_tokenizer_model("t5")
     writer.add_token_list(["<pad>", "</s>", "▁a"])
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    finish_gguf(writer)
     with pytest.raises(
         ValueError,
         match=r"t5\.gguf: tokenizer\.ggml\.model 't5' is not supported; supported: 'gpt2' "
@@ -243,10 +241,7 @@ def test_missing_scores_are_named(tmp_path: Path) -> None:
     writer = gguf.GGUFWriter(tmp_path / "noscores.gguf", "llama")
     writer.add_tokenizer_model("llama")
     writer.add_token_list(["<unk>", "<s>", "</s>", "▁a"])
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    finish_gguf(writer)
     with pytest.raises(
         ValueError, match=r"noscores\.gguf: tokenizer\.ggml\.scores has 0 entries for 4 tokens$"
     ):
