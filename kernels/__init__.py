@@ -23,7 +23,13 @@ from .dispatch import (
     silu_and_mul,
     write_kv,
 )
-from .linear_cpu import PackedLinear, linear, pack_linear_weight, packed_linear_library
+from .linear_cpu import (
+    PackedLinear,
+    bf16_linear_supported,
+    linear,
+    pack_linear_weight,
+    packed_linear_library,
+)
 from .metadata import AttentionMetadata
 from .token_bitmask import unpack_bitmask
 
@@ -34,6 +40,7 @@ __all__ = [
     "RmsNormOutput",
     "apply_token_bitmask",
     "argmax",
+    "bf16_linear_supported",
     "is_kv_cache_lazy",
     "keep_freed_memory",
     "linear",

@@ -125,6 +125,7 @@ def _run_mode(
     device: str | None,
     use_tqdm: bool,
     cache_config: CacheConfig | None = None,
+    linear_dtype: str | None = None,
     outputs: dict[int, tuple[int, ...]] | None = None,
 ) -> _ModeRun:
     """Run every prompt through one engine; fills `outputs` (prompt index -> generated ids)."""
@@ -136,7 +137,7 @@ def _run_mode(
             batching=batching,  # type: ignore[arg-type]
         ),
         cache_config=cache_config or CacheConfig(),
-        runner_config=RunnerConfig(device=device, dtype=dtype),
+        runner_config=RunnerConfig(device=device, dtype=dtype, linear_dtype=linear_dtype),  # type: ignore[arg-type]
     )
     result = run_engine(engine, prompts, params, outputs=outputs, use_tqdm=use_tqdm, desc=batching)
     model = engine.runner.model
@@ -286,6 +287,7 @@ def run_bench(
     out: Path | None,
     output_lens: str = "fixed",
     use_tqdm: bool = True,
+    linear_dtype: str | None = None,
 ) -> list[BenchResult]:
     """Chat-templated ShareGPT prompts, greedy, for every mode.
 
@@ -332,6 +334,7 @@ def run_bench(
             dtype=dtype,
             device=device,
             use_tqdm=use_tqdm,
+            linear_dtype=linear_dtype,
         )
         results.append(run.result)
         engine_runs[mode] = run
@@ -509,8 +512,11 @@ def _write_workload_json(
         device, dtype = f"simulated {simulate.hardware.name}", f"{simulate.hardware.dtype_bytes}-byte"
     else:
         device, dtype = str(engine.runner.model.device), str(engine.runner.model.dtype)
-    run = {"model": model, "engine": {"device": device, "dtype": dtype, "num_kv_blocks": engine.kv.num_blocks},
-           "block_size": block_size}
+    engine_info: dict[str, Any] = {"device": device, "dtype": dtype, "num_kv_blocks": engine.kv.num_blocks}
+    linear_dtype = str(getattr(getattr(engine.runner, "model", None), "linear_dtype", dtype))
+    if simulate is None and linear_dtype != dtype:
+        engine_info["linear_dtype"] = linear_dtype
+    run = {"model": model, "engine": engine_info, "block_size": block_size}
     out.parent.mkdir(parents=True, exist_ok=True)
     write_json_atomic(out, {"run": run, "results": [asdict(r) for r in results]})
     run_id = new_run_id()

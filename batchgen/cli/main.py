@@ -70,6 +70,7 @@ def _bench(args: argparse.Namespace) -> int:
         max_num_batched_tokens=args.max_num_batched_tokens or 2048,
         dtype=args.dtype,
         device=args.device,
+        linear_dtype=args.linear_dtype,
         out=Path(args.out) if args.out else None,
         output_lens=args.output_lens,
         use_tqdm=not args.quiet,
@@ -103,7 +104,9 @@ def _bench_workload(args: argparse.Namespace) -> int:
             num_requests=args.num_prompts,
             max_tokens=args.max_tokens,
             cache_config=cache,
-            runner_config=RunnerConfig(device=args.device, dtype=args.dtype),
+            runner_config=RunnerConfig(
+                device=args.device, dtype=args.dtype, linear_dtype=args.linear_dtype, max_model_len=args.max_model_len
+            ),
             requests_in=Path(args.requests_in) if args.requests_in else None,
             use_tqdm=not args.quiet,
             clock=args.clock,
@@ -404,6 +407,11 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--repeats", type=int, default=1, help="with --workload: runs, each with a fresh engine")
     bench.add_argument("--kv-cache-gib", type=float, default=None, help="KV pool size (default: the engine's)")
     bench.add_argument("--dtype", default=None, choices=["float32", "float16", "bfloat16"])
+    bench.add_argument("--max-model-len", type=int, default=None, help="with --workload: the engine's max_model_len")
+    bench.add_argument(
+        "--linear-dtype", default=None, choices=["float32", "bfloat16"],
+        help="bfloat16: the linear layers' products in bfloat16 (CPU, float32 model; opt-in, outputs can differ)",
+    )
     bench.add_argument("--device", default=None)
     bench.add_argument("--threads", type=int, default=int(os.environ.get("BATCHGEN_THREADS", "0")) or None)
     bench.add_argument("--out", default=None, help="write the figures as JSON here")

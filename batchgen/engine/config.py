@@ -90,12 +90,19 @@ class CacheConfig:
 
 @dataclass(frozen=True, slots=True)
 class RunnerConfig:
-    """Where and how the model runs. None picks a default for the device (float32 on CPU)."""
+    """Where and how the model runs. None picks a default for the device (float32 on CPU).
+
+    linear_dtype "bfloat16" (opt-in; CPU, float32 model): the linear layers take bfloat16 operands
+    (float32 accumulation, result rounded to bfloat16 and widened), everything else stays float32;
+    about 2.5x faster projections on an AVX-512 CPU, at a relative error of about 3e-3 a product
+    (greedy tokens can differ from float32's). None or "float32": in the model's dtype.
+    """
 
     device: str | None = None
     dtype: str | None = None
     max_model_len: int | None = None
     attention_backend: Literal["torch", "triton", "cpu"] | None = None
+    linear_dtype: Literal["float32", "bfloat16"] | None = None
 
     def __post_init__(self) -> None:
         if self.max_model_len is not None:
@@ -104,6 +111,8 @@ class RunnerConfig:
             raise ValueError(
                 f"RunnerConfig.dtype must be float32, float16 or bfloat16, got {self.dtype!r}"
             )
+        if self.linear_dtype not in (None, "float32", "bfloat16"):
+            raise ValueError(f"RunnerConfig.linear_dtype must be float32 or bfloat16, got {self.linear_dtype!r}")
         if self.attention_backend not in (None, "torch", "triton", "cpu"):
             raise ValueError(
                 "RunnerConfig.attention_backend must be 'torch', 'triton' or 'cpu', "

@@ -161,6 +161,7 @@ class LLMEngine:
                 dtype=resolve_dtype(runner_config.dtype, device),
                 max_model_len=self.max_model_len,
                 attention_backend=runner_config.attention_backend,
+                linear_dtype=None if runner_config.linear_dtype is None else _DTYPES[runner_config.linear_dtype],
             )
         num_blocks = self._num_blocks(cache_config, scheduler_config, model, num_kv_blocks)
         self.kv = KVCacheManager(

@@ -336,6 +336,8 @@ class JobConfig:
         # Added only when used, so the fingerprints of existing Parquet jobs stay as they were.
         if columns.prompt_token_ids is not None:
             result["columns"]["prompt_token_ids"] = columns.prompt_token_ids
+        if self.runner.linear_dtype not in (None, "float32"):
+            result["runner"]["linear_dtype"] = self.runner.linear_dtype
         if self.task != "generate":
             result["task"] = self.task
             result["columns"]["completion"] = columns.completion

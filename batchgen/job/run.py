@@ -381,7 +381,10 @@ def run_job(config: JobConfig, *, restart: bool = False, use_tqdm: bool = True) 
             "model": config.model or "built-in SmolLM2-135M-Instruct",
             "config": _jsonable(dataclasses.asdict(config)),
             **describe_environment(
-                str(engine.runner.model.device), str(engine.runner.model.dtype), engine.kv.num_blocks
+                str(engine.runner.model.device),
+                str(engine.runner.model.dtype),
+                engine.kv.num_blocks,
+                linear_dtype=str(getattr(engine.runner.model, "linear_dtype", engine.runner.model.dtype)),
             ),
         }
         try:

@@ -113,8 +113,11 @@ class TimelineFile:
             self.save()
 
 
-def describe_environment(device: str, dtype: str, num_kv_blocks: int) -> dict[str, Any]:
-    """Versions and machine of this process, JSON-able, for summary.json and the report."""
+def describe_environment(
+    device: str, dtype: str, num_kv_blocks: int, linear_dtype: str | None = None
+) -> dict[str, Any]:
+    """Versions and machine of this process, JSON-able, for summary.json and the report
+    (`linear_dtype`: the linear layers' product dtype, recorded where it is not `dtype`)."""
     import numpy
     import torch
 
@@ -140,7 +143,12 @@ def describe_environment(device: str, dtype: str, num_kv_blocks: int) -> dict[st
             "torch_threads": torch.get_num_threads(),
             "gpu": gpu,
         },
-        "engine": {"device": device, "dtype": dtype, "num_kv_blocks": num_kv_blocks},
+        "engine": {
+            "device": device,
+            "dtype": dtype,
+            "num_kv_blocks": num_kv_blocks,
+            **({"linear_dtype": linear_dtype} if linear_dtype not in (None, dtype) else {}),
+        },
     }
 
 

@@ -35,9 +35,10 @@ __all__ = ["Attention", "StepInputs", "Weight", "pack"]
 Weight: TypeAlias = torch.Tensor | PackedLinear
 
 
-def pack(weight: Weight) -> PackedLinear:
-    """`weight` packed for the CPU's linear layers (a packed one is returned as it is)."""
-    return weight if isinstance(weight, PackedLinear) else pack_linear_weight(weight)
+def pack(weight: Weight, compute_dtype: torch.dtype = torch.float32) -> PackedLinear:
+    """`weight` packed for the CPU's linear layers, products in `compute_dtype` (float32 or
+    bfloat16; a packed one is returned as it is)."""
+    return weight if isinstance(weight, PackedLinear) else pack_linear_weight(weight, compute_dtype=compute_dtype)
 
 
 class StepInputs(NamedTuple):
@@ -90,10 +91,10 @@ class Attention:
         self.sliding_window = sliding_window
         self.soft_cap = soft_cap
 
-    def pack(self) -> None:
+    def pack(self, compute_dtype: torch.dtype = torch.float32) -> None:
         """Pack the projections for the CPU's linear layers (mutates this block)."""
-        self.qkv = pack(self.qkv)
-        self.o_proj = pack(self.o_proj)
+        self.qkv = pack(self.qkv, compute_dtype)
+        self.o_proj = pack(self.o_proj, compute_dtype)
 
     def forward(self, x: torch.Tensor, kv_cache: tuple[torch.Tensor, torch.Tensor], step: StepInputs) -> torch.Tensor:
         """Output [T, hidden] for normed hidden states x [T, hidden]; writes this step's K/V into

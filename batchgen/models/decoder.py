@@ -25,6 +25,7 @@ import torch
 from batchgen.kernels import (
     AttentionMetadata,
     Backend,
+    bf16_linear_supported,
     keep_freed_memory,
     linear,
     pack_linear_weight,
@@ -74,13 +75,18 @@ class DecoderModel:
         dtype: torch.dtype,
         max_model_len: int,
         attention_backend: Backend | None = None,
+        linear_dtype: torch.dtype | None = None,
     ) -> None:
-        """Builds the model of `config.architecture` from Hugging Face-named `weights`. Raises
-        KeyError for a missing tensor, ValueError for an architecture without a family, and
-        RuntimeError for an explicit "cpu" backend whose kernel cannot be built."""
+        """Builds the model of `config.architecture` from Hugging Face-named `weights`.
+        `linear_dtype` bfloat16 runs the packed linear layers' products in bfloat16 (a float32
+        CPU model on a compiled backend only; see kernels/linear_cpu.py). Raises KeyError for a
+        missing tensor, ValueError for an architecture without a family or a `linear_dtype` this
+        model cannot take, and RuntimeError for an explicit "cpu" backend whose kernel cannot be
+        built or a CPU without bfloat16 linear layers."""
         self.config = config
         self.device = device
         self.dtype = dtype
+        self.linear_dtype = dtype if linear_dtype is None else linear_dtype
         notes: list[str] = []
         self._backend = self._choose_backend(attention_backend, notes)
         options = BuildOptions(device=device, dtype=dtype, max_model_len=max_model_len)
@@ -100,15 +106,33 @@ class DecoderModel:
             and self._backend != "torch"
             and packed_linear_library() is not None
         )
+        if self.linear_dtype != dtype:
+            self._check_linear_dtype()
         if self.packed_linear:
             for layer in self.layers:
-                layer.pack()
-            self.lm_head = pack_linear_weight(self.embed if parts.lm_head is None else parts.lm_head)
+                layer.pack(self.linear_dtype)
+            self.lm_head = pack_linear_weight(
+                self.embed if parts.lm_head is None else parts.lm_head, compute_dtype=self.linear_dtype
+            )
         elif device.type == "cpu" and self._backend != "torch":
             notes.append(_unpacked_note(dtype))
         self.fast_path_notes = tuple(notes)
         for note in notes:
             _LOG.warning("%s model: %s", config.architecture, note)
+
+    def _check_linear_dtype(self) -> None:
+        if self.linear_dtype != torch.bfloat16 or self.dtype != torch.float32:
+            raise ValueError(
+                f"linear_dtype {self.linear_dtype} with a {self.dtype} model: linear_dtype bfloat16 takes a "
+                "float32 model (dtype float32, the CPU default)"
+            )
+        if not self.packed_linear:
+            where = "on the GPU" if self.device.type != "cpu" else "with attention_backend 'torch'"
+            raise ValueError(f"linear_dtype bfloat16 packs the CPU's linear layers, which this model does not ({where})")
+        if not bf16_linear_supported():
+            raise RuntimeError(
+                "linear_dtype bfloat16: this CPU or torch build has no oneDNN bfloat16 linear layers (they need AVX-512)"
+            )
 
     def _choose_backend(self, requested: Backend | None, notes: list[str]) -> Backend | None:
         """The attention backend: `requested`, except that an automatic choice of Triton for a

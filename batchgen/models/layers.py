@@ -40,8 +40,9 @@ class DecoderLayer(Protocol):
         """(this layer's output, the residual it adds to); see the module docstring."""
         ...
 
-    def pack(self) -> None:
-        """Pack the projections for the CPU's linear layers (mutates the layer)."""
+    def pack(self, compute_dtype: torch.dtype = torch.float32) -> None:
+        """Pack the projections for the CPU's linear layers, products in `compute_dtype` (mutates
+        the layer)."""
         ...
 
 
@@ -63,9 +64,9 @@ class PreNormLayer:
         self.post_attention_norm = post_attention_norm
         self.eps = eps
 
-    def pack(self) -> None:
-        self.attention.pack()
-        self.mlp.pack()
+    def pack(self, compute_dtype: torch.dtype = torch.float32) -> None:
+        self.attention.pack(compute_dtype)
+        self.mlp.pack(compute_dtype)
 
     def forward(
         self,
@@ -106,9 +107,9 @@ class SandwichLayer:
         self.post_feedforward_norm = post_feedforward_norm
         self.eps = eps
 
-    def pack(self) -> None:
-        self.attention.pack()
-        self.mlp.pack()
+    def pack(self, compute_dtype: torch.dtype = torch.float32) -> None:
+        self.attention.pack(compute_dtype)
+        self.mlp.pack(compute_dtype)
 
     def forward(
         self,

@@ -54,9 +54,9 @@ class DenseMLP:
         self.down = down
         self.act = gated_activation(act)
 
-    def pack(self) -> None:
-        self.gate_up = pack(self.gate_up)
-        self.down = pack(self.down)
+    def pack(self, compute_dtype: torch.dtype = torch.float32) -> None:
+        self.gate_up = pack(self.gate_up, compute_dtype)
+        self.down = pack(self.down, compute_dtype)
 
     def forward(self, x: torch.Tensor, backend: Backend | None) -> torch.Tensor:
         out: torch.Tensor = linear(self.act(linear(x, self.gate_up), backend=backend), self.down)
@@ -91,9 +91,9 @@ class MoEMLP:
     def num_experts(self) -> int:
         return len(self.gate_ups)
 
-    def pack(self) -> None:
-        self.gate_ups = [pack(w) for w in self.gate_ups]
-        self.downs = [pack(w) for w in self.downs]
+    def pack(self, compute_dtype: torch.dtype = torch.float32) -> None:
+        self.gate_ups = [pack(w, compute_dtype) for w in self.gate_ups]
+        self.downs = [pack(w, compute_dtype) for w in self.downs]
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(weights [T, top_k] in x's dtype, expert ids int64 [T, top_k]) of each token."""

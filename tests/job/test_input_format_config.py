@@ -63,3 +63,15 @@ def _write(tmp_path: Path, text: str) -> Path:
     path = tmp_path / "job.yaml"
     path.write_text(text)
     return path
+
+
+def test_bf16_linear_layers_change_the_fingerprint_and_float32_jobs_keep_theirs(tmp_path: Path) -> None:
+    # bfloat16 linear layers change output rows, so a resumed job must not mix them with float32
+    # rows; jobs that do not set the key fingerprint exactly as before it existed.
+    base = "input: {path: d}\noutput: {path: o}\n"
+    plain = load_job_config(_write(tmp_path, base)).fingerprint_fields()
+    assert "linear_dtype" not in plain["runner"]
+    f32 = load_job_config(_write(tmp_path, base + "engine: {linear_dtype: float32}\n")).fingerprint_fields()
+    assert f32 == plain
+    bf16 = load_job_config(_write(tmp_path, base + "engine: {linear_dtype: bfloat16}\n")).fingerprint_fields()
+    assert bf16["runner"]["linear_dtype"] == "bfloat16" and bf16 != plain

@@ -6,7 +6,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from batchgen.kernels import PackedLinear, linear, pack_linear_weight, packed_linear_library
+from batchgen.kernels import (
+    PackedLinear,
+    bf16_linear_supported,
+    linear,
+    pack_linear_weight,
+    packed_linear_library,
+)
 from batchgen.models.checkpoint import load_checkpoint
 from batchgen.models.llama import LlamaModel
 
@@ -87,3 +93,51 @@ def test_model_packs_on_cpu_float32_and_the_torch_backend_keeps_the_reference(tm
     assert isinstance(fast.embed, torch.Tensor)  # the embedding lookup needs the plain (tied) matrix
     assert not reference.packed_linear and isinstance(reference.layers[0].attention.qkv, torch.Tensor)
     assert not build(None, torch.bfloat16).packed_linear
+
+
+needs_bf16 = pytest.mark.skipif(not bf16_linear_supported(), reason="no oneDNN bfloat16 linear layers on this CPU")
+
+
+@needs_bf16
+@pytest.mark.parametrize("rows", [1, 3, 17, 64, 257])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_bf16_linear_is_the_bf16_product_widened_then_the_float32_bias(rows: int, with_bias: bool) -> None:
+    # oneDNN multiplies the bfloat16-rounded operands with float32 accumulation and rounds the
+    # result to bfloat16; `linear` widens it and adds the bias in float32. So the result minus the
+    # bias is exactly representable in bfloat16 (a path that stayed float32 fails that), and it is
+    # within one bfloat16 rounding of the float64 product of the rounded operands (a path that
+    # rounded only one operand, or mis-laid the packed weight, fails that).
+    gen = torch.Generator().manual_seed(rows)
+    weight = torch.randn(96, 200, generator=gen)
+    bias = torch.randn(96, generator=gen) if with_bias else None
+    x = torch.randn(rows, 200, generator=gen)
+    packed = pack_linear_weight(weight, compute_dtype=torch.bfloat16)
+    assert packed.compute_dtype == torch.bfloat16 and packed.library == "onednn"
+    assert (packed.out_features, packed.in_features) == (96, 200)
+    out = linear(x, packed, bias)
+    assert out.shape == (rows, 96) and out.dtype == torch.float32 and not out.is_mkldnn
+    product = out if bias is None else out - bias
+    if bias is None:
+        assert torch.equal(product, product.bfloat16().float())
+    reference = x.bfloat16().double() @ weight.bfloat16().double().T
+    half_ulp = torch.exp2(torch.floor(torch.log2(reference.abs().clamp_min(1e-30))) - 8)  # bfloat16: 8 bits
+    scale = (x.bfloat16().double().abs() @ weight.bfloat16().double().abs().T) * 2**-20  # float32 sums
+    assert ((product.double() - reference).abs() <= half_ulp + scale).all()
+
+
+@needs_bf16
+def test_bf16_linear_takes_a_strided_input_and_refuses_other_compute_dtypes() -> None:
+    weight = torch.randn(16, 8)
+    x = torch.randn(10, 16)[:, ::2]
+    packed = pack_linear_weight(weight, compute_dtype=torch.bfloat16)
+    torch.testing.assert_close(linear(x, packed), linear(x.contiguous(), packed))
+    with pytest.raises(ValueError, match="float32 or bfloat16"):
+        pack_linear_weight(weight, compute_dtype=torch.float16)
+
+
+def test_bf16_packing_without_support_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    import batchgen.kernels.linear_cpu as linear_cpu
+
+    monkeypatch.setattr(linear_cpu, "bf16_linear_supported", lambda: False)
+    with pytest.raises(RuntimeError, match="bfloat16 linear layers need oneDNN"):
+        linear_cpu.pack_linear_weight(torch.randn(4, 4), compute_dtype=torch.bfloat16)
