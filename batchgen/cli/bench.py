@@ -508,14 +508,15 @@ def _write_workload_json(
     """`out` (results and the run's model and engine) and `<out>.timeline.parquet`."""
     from batchgen.io import write_json_atomic, write_parquet_atomic
 
+    engine_info: dict[str, Any]
     if simulate is not None:
-        device, dtype = f"simulated {simulate.hardware.name}", f"{simulate.hardware.dtype_bytes}-byte"
+        dtype = f"{simulate.hardware.dtype_bytes}-byte"
+        engine_info = {"device": f"simulated {simulate.hardware.name}", "dtype": dtype, "num_kv_blocks": engine.kv.num_blocks}
     else:
-        device, dtype = str(engine.runner.model.device), str(engine.runner.model.dtype)
-    engine_info: dict[str, Any] = {"device": device, "dtype": dtype, "num_kv_blocks": engine.kv.num_blocks}
-    linear_dtype = str(getattr(getattr(engine.runner, "model", None), "linear_dtype", dtype))
-    if simulate is None and linear_dtype != dtype:
-        engine_info["linear_dtype"] = linear_dtype
+        m = engine.runner.model
+        engine_info = {"device": str(m.device), "dtype": str(m.dtype), "num_kv_blocks": engine.kv.num_blocks}
+        if m.linear_dtype != m.dtype:
+            engine_info["linear_dtype"] = str(m.linear_dtype)
     run = {"model": model, "engine": engine_info, "block_size": block_size}
     out.parent.mkdir(parents=True, exist_ok=True)
     write_json_atomic(out, {"run": run, "results": [asdict(r) for r in results]})

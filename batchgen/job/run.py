@@ -384,7 +384,7 @@ def run_job(config: JobConfig, *, restart: bool = False, use_tqdm: bool = True) 
                 str(engine.runner.model.device),
                 str(engine.runner.model.dtype),
                 engine.kv.num_blocks,
-                linear_dtype=str(getattr(engine.runner.model, "linear_dtype", engine.runner.model.dtype)),
+                linear_dtype=str(engine.runner.model.linear_dtype),
             ),
         }
         try:

@@ -121,3 +121,11 @@ def test_linear_dtype_values() -> None:
     with pytest.raises(ValueError, match="linear_dtype must be float32 or bfloat16"):
         RunnerConfig(linear_dtype="int8")  # type: ignore[arg-type]
     assert RunnerConfig(linear_dtype="float32").linear_dtype == "float32"
+
+
+def test_the_run_records_bf16_linear_layers_only_where_they_differ_from_the_model_dtype() -> None:
+    from batchgen.job.timeline_file import describe_environment
+
+    engine = describe_environment("cpu", "torch.float32", 8, linear_dtype="torch.bfloat16")["engine"]
+    assert engine["linear_dtype"] == "torch.bfloat16"
+    assert "linear_dtype" not in describe_environment("cpu", "torch.float32", 8, linear_dtype="torch.float32")["engine"]
