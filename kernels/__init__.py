@@ -8,6 +8,7 @@ listed in `__all__`. This package imports torch (and triton lazily), nothing of 
 from __future__ import annotations
 
 from .cpu_memory import keep_freed_memory
+from .cpu_threads import release_openmp_threads
 from .dispatch import (
     Backend,
     RmsNormOutput,
@@ -49,6 +50,7 @@ __all__ = [
     "packed_linear_library",
     "paged_attention",
     "prepare_backend",
+    "release_openmp_threads",
     "resolve_backend",
     "rms_norm",
     "rotary_embedding",

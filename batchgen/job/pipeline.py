@@ -1,8 +1,10 @@
 """The streaming pipeline: read -> prepare -> order -> engine -> write, in one anyio task group.
 
 Stages are connected by bounded memory object streams, so memory stays bounded whatever the
-dataset size, and a failing stage cancels the others. Blocking work (Parquet I/O, tokenizing, the
-engine's steps) runs in worker threads; the engine loop task owns the engine.
+dataset size, and a failing stage cancels the others. Blocking work (Parquet I/O, tokenizing) runs
+in anyio's worker threads; the engine loop task owns the engine and runs every step on one
+dedicated thread (`batchgen.engine.step_thread`: on the CPU, steps taken from several threads
+keep several OpenMP thread pools, and libgomp throttles them all).
 
 The source says which shards exist and streams their record batches; the sink receives each
 shard's output rows in input order and commits the shard once its last row is written. Files
@@ -26,6 +28,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream
 from batchgen.engine.llm_engine import LLMEngine
 from batchgen.engine.outputs import RequestOutput
 from batchgen.engine.seeding import derive_seed
+from batchgen.engine.step_thread import StepThread
 from batchgen.io import OutputRow, ShardReadError
 from batchgen.job.prepare import PreparedRow, RowError, RowPreparer
 from batchgen.job.score_output import echo_prompt, score_output_row
@@ -289,8 +292,21 @@ async def _engine_loop(
     send: ObjectSendStream[list[RowResult]],
     stats: PipelineStats,
 ) -> None:
-    """Feed the engine from the stream, step it in a worker thread, emit finished rows
+    """Feed the engine from the stream, step it on the engine thread, emit finished rows
     (counting the structured-output ones in `stats`)."""
+    with StepThread() as engine_thread:
+        await _feed_engine(engine, options, progress, recv, send, stats, engine_thread)
+
+
+async def _feed_engine(
+    engine: LLMEngine,
+    options: PipelineOptions,
+    progress: Progress,
+    recv: MemoryObjectReceiveStream[list[PreparedRow]],
+    send: ObjectSendStream[list[RowResult]],
+    stats: PipelineStats,
+    engine_thread: StepThread,
+) -> None:
     in_flight: dict[int, PreparedRow] = {}
     pending: list[PreparedRow] = []
     # Enough queued work for the scheduler to fill its budget; the rest waits in the stream.
@@ -336,7 +352,8 @@ async def _engine_loop(
                 if exhausted and not pending:
                     return
                 continue
-            finished = await anyio.to_thread.run_sync(engine.step)
+            # An anyio worker waits for the step, so the event loop stays free meanwhile.
+            finished = await anyio.to_thread.run_sync(engine_thread.submit(engine.step).result)
             s = engine.stats()
             progress.engine(s.generation_tokens, s.cached_prompt_tokens / max(1, s.prompt_tokens))
             if finished:
