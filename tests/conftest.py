@@ -3,8 +3,9 @@
 - TRITON_INTERPRET must be set before any module with @triton.jit is imported (unless a real GPU
   run asks otherwise), so it is set here, at the top of the first conftest pytest imports.
 - One thread per process: the suite's subprocesses (CLI runs, kill/resume tests) inherit the
-  environment, and on a 2-core machine several OpenMP pools oversubscribe the cores. Set here so
-  that the README's plain `python -m pytest` is as fast as CI.
+  environment, and on a 2-core machine several OpenMP pools oversubscribe the cores (the README's
+  command runs one test process per core besides). Set here so that any `python -m pytest` is as
+  fast as CI.
 - No hub access: models come from tiny local folders and the packaged GGUF only.
 """
 

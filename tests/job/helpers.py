@@ -282,6 +282,10 @@ def _patch_manifest_replace(note: Path, kind: str, arg: str) -> None:
 
 
 def _patch_sigint_wait(arg: str) -> None:
+    # A process started with SIGINT ignored keeps it ignored (Python installs its handler only
+    # over the default), and pytest-xdist's workers ignore it: put Ctrl-C's KeyboardInterrupt
+    # back, as a terminal's job would have it.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     from batchgen.io import writer
 
     real_write = writer.OutputShardWriter.write
