@@ -133,12 +133,15 @@ async def run_pipeline(
     send_results, recv_results = anyio.create_memory_object_stream[list[RowResult]](_STREAM_BUFFER)
     committed = False
     try:
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(_read, source, shards, options, stats, send_batches)
-            tg.start_soon(_prepare, preparer, options, recv_batches, send_rows)
-            tg.start_soon(_order, options, stats, recv_rows, send_windows)
-            tg.start_soon(_engine_loop, engine, options, progress, recv_windows, send_results, stats)
-            tg.start_soon(write_stage, sink, shards, options, stats, progress, recv_results)
+        with StepThread() as engine_thread:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(_read, source, shards, options, stats, send_batches)
+                tg.start_soon(_prepare, preparer, options, recv_batches, send_rows)
+                tg.start_soon(_order, options, stats, recv_rows, send_windows)
+                tg.start_soon(
+                    _engine_loop, engine, engine_thread, options, progress, recv_windows, send_results, stats
+                )
+                tg.start_soon(write_stage, sink, shards, options, stats, progress, recv_results)
         committed = True
     finally:
         progress.close()
@@ -286,6 +289,7 @@ async def _order(
 
 async def _engine_loop(
     engine: LLMEngine,
+    engine_thread: StepThread,
     options: PipelineOptions,
     progress: Progress,
     recv: MemoryObjectReceiveStream[list[PreparedRow]],
@@ -294,19 +298,6 @@ async def _engine_loop(
 ) -> None:
     """Feed the engine from the stream, step it on the engine thread, emit finished rows
     (counting the structured-output ones in `stats`)."""
-    with StepThread() as engine_thread:
-        await _feed_engine(engine, options, progress, recv, send, stats, engine_thread)
-
-
-async def _feed_engine(
-    engine: LLMEngine,
-    options: PipelineOptions,
-    progress: Progress,
-    recv: MemoryObjectReceiveStream[list[PreparedRow]],
-    send: ObjectSendStream[list[RowResult]],
-    stats: PipelineStats,
-    engine_thread: StepThread,
-) -> None:
     in_flight: dict[int, PreparedRow] = {}
     pending: list[PreparedRow] = []
     # Enough queued work for the scheduler to fill its budget; the rest waits in the stream.
