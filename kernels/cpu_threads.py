@@ -17,17 +17,16 @@ then steps the engine on one dedicated thread (`batchgen.engine.step_thread`).
 from __future__ import annotations
 
 import ctypes
-import functools
 
 __all__ = ["release_openmp_threads"]
 
 _OMP_PAUSE_SOFT = 1
 
 
-@functools.cache
 def _libgomps() -> tuple[ctypes.CDLL, ...]:
-    """Every libgomp this process has loaded so far (torch's own copy; wheels such as
-    sentencepiece bring another), or none (no GNU OpenMP, not Linux)."""
+    """Every libgomp this process has loaded now (torch's own copy; wheels such as sentencepiece
+    bring another, possibly after the first call), or none (no GNU OpenMP, not Linux). Read anew
+    each call: once per job, against the microseconds of /proc/self/maps."""
     try:
         with open("/proc/self/maps", encoding="ascii", errors="replace") as maps:
             paths = dict.fromkeys(line.split()[-1] for line in maps if "libgomp" in line)
