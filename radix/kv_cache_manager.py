@@ -72,7 +72,12 @@ class KVCacheManager:
         self._pool = BlockPool(num_blocks, block_size, is_lazily_committed=is_lazily_committed)
         self._cache = RadixCache(block_size, hash_seed)
         self._enable_prefix_caching = enable_prefix_caching
+        self._block_size = block_size
         self._block_tables: dict[int, list[int]] = {}
+        # The last tuple `block_table` gave per sequence: a table only grows, so the tuple is
+        # current while its length is the table's (a running sequence's table is asked for every
+        # step and changes once per block_size tokens).
+        self._table_tuples: dict[int, tuple[int, ...]] = {}
         # Leading blocks of each table known to be cached as that table's chain.
         self._num_cached_blocks: dict[int, int] = {}
 
@@ -113,7 +118,13 @@ class KVCacheManager:
 
     def block_table(self, seq_id: int) -> tuple[int, ...]:
         """Block ids of ``seq_id``, in token order; KeyError when it has no table."""
-        return tuple(self._table(seq_id))
+        table = self._block_tables.get(seq_id)
+        if table is None:
+            raise KeyError(f"seq_id {seq_id} has no block table")
+        frozen = self._table_tuples.get(seq_id)
+        if frozen is None or len(frozen) != len(table):
+            frozen = self._table_tuples[seq_id] = tuple(table)
+        return frozen
 
     def _table(self, seq_id: int) -> list[int]:
         table = self._block_tables.get(seq_id)
@@ -189,10 +200,12 @@ class KVCacheManager:
         a later call, or a hit that is inconsistent or stale (an allocation since the
         ``match_prefix`` that produced it evicted one of its blocks).
         """
+        table = self._block_tables.get(seq_id)
+        if table is not None and hit is None and 0 <= num_tokens <= len(table) * self._block_size:
+            return True  # covered already: a running sequence's usual step
         consumed = self._num_free_blocks_consumed(seq_id, num_tokens, hit)
         if consumed > self._pool.num_free_blocks:
             return False
-        table = self._block_tables.get(seq_id)
         if table is None:
             hit_block_ids = () if hit is None else hit.block_ids
             for block_id in hit_block_ids:  # before pop_free: a hit block may not be handed out
@@ -234,10 +247,13 @@ class KVCacheManager:
         Raises KeyError for an unknown ``seq_id``, ValueError when ``num_tokens`` exceeds the
         tokens given or the table.
         """
+        num_full_blocks = num_tokens // self._block_size
+        num_cached = self._num_cached_blocks.get(seq_id)
+        if num_cached is not None and num_full_blocks <= num_cached and 0 <= num_tokens <= len(token_ids):
+            return  # no new full block, none left to retry: a running sequence's usual step
         table = self._table(seq_id)
         if not 0 <= num_tokens <= len(token_ids):
             raise ValueError(f"num_tokens={num_tokens} outside [0, {len(token_ids)}]")
-        num_full_blocks = num_tokens // self.block_size
         if num_full_blocks > len(table):
             raise ValueError(
                 f"num_tokens={num_tokens} needs {num_full_blocks} blocks; seq_id {seq_id} has "
@@ -321,6 +337,7 @@ class KVCacheManager:
         if table is None:
             raise KeyError(f"seq_id {seq_id} has no block table")
         del self._num_cached_blocks[seq_id]
+        self._table_tuples.pop(seq_id, None)
         for block_id in reversed(table):
             self._pool.decref(block_id, keep=self._cache.is_cached(block_id))
 
@@ -337,6 +354,11 @@ class KVCacheManager:
             raise AssertionError("prefix caching is off but blocks are cached")
         if self._block_tables.keys() != self._num_cached_blocks.keys():
             raise AssertionError("block tables and cached-block counts track different seqs")
+        for seq_id, frozen in self._table_tuples.items():
+            if seq_id in self._block_tables and list(frozen) != self._block_tables[seq_id][: len(frozen)]:
+                raise AssertionError(f"seq_id {seq_id}: its table tuple {frozen} is not its table's head")
+            if seq_id not in self._block_tables:
+                raise AssertionError(f"seq_id {seq_id}: a table tuple is kept after its table was freed")
         num_tables_holding = [0] * pool.num_blocks
         for seq_id, table in self._block_tables.items():
             if len(set(table)) != len(table):

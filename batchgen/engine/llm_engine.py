@@ -363,18 +363,22 @@ class LLMEngine:
                 raise RuntimeError("scheduler made no progress with work pending (KV pool too small?)")
             return []
         self._num_steps += 1
+        seq_to_request = self._seq_to_request
         for chunk in plan.chunks:
-            scheduled = self._seq_to_request[chunk.seq_id]
-            if scheduled.first_scheduled_time is None:
-                scheduled.first_scheduled_time = t_start
+            # A request is first scheduled with its first sample's first chunk, before any token
+            # was generated (a readmitted or forked sequence has generated one).
+            if chunk.num_generated_tokens == 0:
+                scheduled = seq_to_request[chunk.seq_id]
+                if scheduled.first_scheduled_time is None:
+                    scheduled.first_scheduled_time = t_start
         result = self._run(plan)
         t_tokens = self.clock()
         advanced = self.scheduler.update(plan, result)
         self._generation_tokens += len(advanced)
         finished: list[RequestOutput] = []
-        touched: dict[int, _Request] = {}
+        ended: dict[int, _Request] = {}  # requests with a sample that finished in this step
         for seq in advanced:
-            request = self._seq_to_request[seq.seq_id]
+            request = seq_to_request[seq.seq_id]
             if seq.sample_index == 0:
                 request.token_times.append(t_tokens)
             detok = request.detokenizers[seq.sample_index]
@@ -385,8 +389,9 @@ class LLMEngine:
                     detok.finish()  # its stop string, if any, wins in _finish
                 elif matched is not None:
                     self.scheduler.finish(seq.seq_id, "stop", matched)
-            touched[request.request_id] = request
-        for request in touched.values():
+            if seq.is_finished:
+                ended[request.request_id] = request
+        for request in ended.values():
             if all(s.is_finished for s in request.seqs):
                 finished.append(self._finish(request))
         self._record_step(t_start, plan, len(advanced), len(finished))
@@ -394,12 +399,6 @@ class LLMEngine:
 
     def _record_step(self, t_start: float, plan: StepPlan, num_sampled: int, num_finished: int) -> None:
         sched, kv = self.scheduler.stats(), self.kv
-        context = pairs = 0
-        for chunk in plan.chunks:
-            # | computed before: s | this chunk: q |  each of the q queries attends to s + its own prefix
-            s, q = chunk.start_pos, len(chunk.token_ids)
-            context += s + q
-            pairs += q * s + q * (q + 1) // 2
         self.timeline.record_step(
             t_start=t_start,
             t_end=self.clock(),
@@ -414,8 +413,8 @@ class LLMEngine:
             kv_blocks_used=kv.num_used_blocks,
             kv_blocks_cached=kv.stats().num_cached_blocks,
             kv_blocks_free=kv.num_free_blocks,
-            num_context_tokens=context,
-            num_attention_pairs=pairs,
+            num_context_tokens=plan.num_context_tokens,
+            num_attention_pairs=plan.num_attention_pairs,
         )
 
     def _mask_overlaps(self) -> bool:
@@ -442,8 +441,9 @@ class LLMEngine:
 
     def _run(self, plan: StepPlan) -> StepResult:
         # The grammar masks are filled on a worker thread while the forward pass runs.
-        pending: PendingMask | None = self.structured.start_masks(
-            self._grammar_targets(plan), overlap=self._mask_overlaps()
+        grammar_targets = self._grammar_targets(plan)
+        pending: PendingMask | None = (
+            self.structured.start_masks(grammar_targets, overlap=self._mask_overlaps()) if grammar_targets else None
         )
         step_logits = self._runner.execute(plan)
         if isinstance(step_logits, StepResult):

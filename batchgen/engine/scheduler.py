@@ -57,6 +57,7 @@ class Scheduler:
     ) -> None:
         self._config = config
         self._kv = kv
+        self._block_size = kv.block_size
         self._max_model_len = max_model_len
         self._eos_token_ids = frozenset(eos_token_ids)
         self._seqs: dict[int, Sequence] = {}
@@ -118,14 +119,19 @@ class Scheduler:
         planned: dict[int, int] = {}  # seq_id -> tokens, in plan order
         preempted = False
 
-        decodes = [s for s in self._running if s.num_tokens - s.num_computed_tokens == 1]
-        prefills = [s for s in self._running if s.num_tokens - s.num_computed_tokens > 1]
+        decodes: list[Sequence] = []
+        prefills: list[Sequence] = []
+        for seq in self._running:
+            (decodes if len(seq.token_ids) - seq.num_computed_tokens == 1 else prefills).append(seq)
+        running = SequenceStatus.RUNNING
         for seq in decodes + prefills:
             if remaining == 0:
                 break
-            if seq.status is not SequenceStatus.RUNNING:
+            if seq.status is not running:
                 continue  # preempted earlier in this loop
-            num_new = self._num_new(seq.num_tokens - seq.num_computed_tokens, remaining, planned)
+            num_todo = len(seq.token_ids) - seq.num_computed_tokens
+            # A decode (one token; the budget has room) needs no rule.
+            num_new = 1 if num_todo == 1 else self._num_new(num_todo, remaining, planned)
             if num_new == 0:
                 continue  # chunked prefill off: this prompt waits for a step with room
             while not self._kv.allocate(seq.seq_id, seq.num_computed_tokens + num_new):
@@ -137,7 +143,7 @@ class Scheduler:
                     break
             else:
                 planned[seq.seq_id] = num_new
-                remaining = max(0, remaining - num_new)
+                remaining = remaining - num_new if num_new < remaining else 0
         # Only now is the set of running sequences final: a block filled by this step enters the
         # prefix cache once nothing can preempt its sequence before the forward pass writes its
         # KV (a victim's blocks stay cached when freed, and a later prompt would read them).
@@ -150,11 +156,8 @@ class Scheduler:
         if not preempted and self._can_admit():
             remaining = self._admit(planned, remaining)
 
-        chunks = tuple(self._chunk(self._seqs[seq_id], n) for seq_id, n in planned.items())
-        for chunk in chunks:
-            seq = self._seqs[chunk.seq_id]
-            end = chunk.start_pos + len(chunk.token_ids)
-            self._prefill_tokens_computed += max(0, min(end, seq.num_prefill_tokens) - chunk.start_pos)
+        seqs = self._seqs
+        chunks = tuple([self._chunk(seqs[seq_id], n) for seq_id, n in planned.items()])
         copies = tuple(self._pending_copies)
         self._pending_copies.clear()
         return StepPlan(chunks=chunks, block_copies=copies)
@@ -179,9 +182,12 @@ class Scheduler:
         end = min(
             seq.num_prompt_tokens + seq.params.max_tokens,
             self._max_model_len,
-            seq.num_tokens + self._config.admission_reserve_tokens,
+            len(seq.token_ids) + self._config.admission_reserve_tokens,
         )
-        ahead: int = self._kv.num_blocks_needed(end) - self._kv.num_blocks_needed(num_allocated_tokens)
+        # Blocks covering n tokens: ceil(n / block_size), written out (this runs for every running
+        # sequence in every step that may admit).
+        size = self._block_size
+        ahead: int = -(-end // size) + num_allocated_tokens // -size
         return max(0, ahead)
 
     def _admit(self, planned: dict[int, int], remaining: int) -> int:
@@ -195,9 +201,9 @@ class Scheduler:
         #   pool:  | held by running | reserved: their next blocks | free for admission |
         reserve = 0
         if watermark and self._waiting and len(self._running) < self._config.max_num_seqs:
-            reserve = sum(
-                self._blocks_ahead(s, s.num_computed_tokens + planned.get(s.seq_id, 0)) for s in self._running
-            )
+            blocks_ahead = self._blocks_ahead
+            for s in self._running:
+                reserve += blocks_ahead(s, s.num_computed_tokens + planned.get(s.seq_id, 0))
         while self._waiting and len(self._running) < self._config.max_num_seqs:
             if remaining == 0 and not static:
                 break
@@ -259,23 +265,34 @@ class Scheduler:
         self._num_preemptions += 1
 
     def _chunk(self, seq: Sequence, num_new: int) -> ScheduledChunk:
+        """The chunk of `num_new` tokens from `seq`'s first uncomputed one; counts its prefill.
+        (Runs once per running sequence per step: kept lean.)"""
         start = seq.num_computed_tokens
         end = start + num_new
+        token_ids = seq.token_ids
+        prefill = min(end, seq.num_prefill_tokens) - start
+        if prefill > 0:
+            self._prefill_tokens_computed += prefill
         num_samples = 0
         seeds: tuple[int, ...] = ()
-        if end == seq.num_tokens:
-            forks = self._pending_forks.get(seq.seq_id, ())
-            num_samples = 1 + len(forks)
-            seeds = (seq.seed, *(child.seed for child in forks))
+        if end == len(token_ids):
+            forks = self._pending_forks.get(seq.seq_id) if self._pending_forks else None
+            if forks:
+                num_samples = 1 + len(forks)
+                seeds = (seq.seed, *(child.seed for child in forks))
+            else:
+                num_samples = 1
+                seeds = (seq.seed,)
+        num_generated = len(token_ids) - seq.num_prompt_tokens
         return ScheduledChunk(
-            seq_id=seq.seq_id,
-            token_ids=tuple(seq.token_ids[start:end]),
-            start_pos=start,
-            block_table=self._kv.block_table(seq.seq_id),
-            num_samples=num_samples,
-            sample_seeds=seeds,
-            num_generated_tokens=seq.num_generated_tokens,
-            prompt_logits_start=self._prompt_logits_start(seq),
+            seq.seq_id,
+            (token_ids[start],) if num_new == 1 else tuple(token_ids[start:end]),
+            start,
+            self._kv.block_table(seq.seq_id),
+            num_samples,
+            seeds,
+            num_generated,
+            None if seq.prompt_logprobs_start is None else self._prompt_logits_start(seq),
         )
 
     # ---------------------------------------------------------------- update
@@ -292,28 +309,30 @@ class Scheduler:
         go into the next plan, for the runner to apply before that step's forward pass.
         """
         advanced: list[Sequence] = []
+        seqs, sampled, logprobs, completed = self._seqs, result.sampled, result.logprobs, result.completed
+        running = SequenceStatus.RUNNING
         for chunk in plan.chunks:
-            seq = self._seqs[chunk.seq_id]
-            if seq.status is not SequenceStatus.RUNNING:
+            seq = seqs[chunk.seq_id]
+            if seq.status is not running:
                 raise RuntimeError(f"sequence {seq.seq_id} changed state during its step")
             seq.num_computed_tokens += len(chunk.token_ids)
             if chunk.num_samples == 0:
                 continue
-            tokens = result.sampled[seq.seq_id]
+            tokens = sampled[seq.seq_id]
             if len(tokens) != chunk.num_samples:
                 raise RuntimeError(
                     f"expected {chunk.num_samples} tokens for sequence {seq.seq_id}, got {len(tokens)}"
                 )
-            token_logprobs = result.logprobs.get(seq.seq_id) if result.logprobs else None
-            children = self._pending_forks.pop(seq.seq_id, [])
+            token_logprobs = logprobs.get(seq.seq_id) if logprobs else None
+            children = self._pending_forks.pop(seq.seq_id, None) if self._pending_forks else None
             # Fork before the parent's token is applied: the parent may finish on it.
-            for i, child in enumerate(children, start=1):
+            for i, child in enumerate(children or (), start=1):
                 copy = self._fork(seq, child)
                 if copy is not None:
                     self._pending_copies.append(copy)
-                self._append(child, tokens[i], token_logprobs[i] if token_logprobs else None, result.completed)
+                self._append(child, tokens[i], token_logprobs[i] if token_logprobs else None, completed)
                 advanced.append(child)
-            self._append(seq, tokens[0], token_logprobs[0] if token_logprobs else None, result.completed)
+            self._append(seq, tokens[0], token_logprobs[0] if token_logprobs else None, completed)
             advanced.append(seq)
         return advanced
 
@@ -341,7 +360,8 @@ class Scheduler:
     def _append(
         self, seq: Sequence, token: int, token_logprobs: dict[int, float] | None, completed: frozenset[int]
     ) -> None:
-        seq.token_ids.append(token)
+        token_ids = seq.token_ids
+        token_ids.append(token)
         if token_logprobs is not None:
             seq.logprobs.append(token_logprobs)
         params = seq.params
@@ -349,9 +369,9 @@ class Scheduler:
             self.finish(seq.seq_id, "stop", None)
         elif token in params.stop_token_ids:
             self.finish(seq.seq_id, "stop", token)
-        elif seq.seq_id in completed:  # its grammar is complete: a whole answer, not a cut one
+        elif completed and seq.seq_id in completed:  # its grammar is complete: a whole answer, not a cut one
             self.finish(seq.seq_id, "stop", None)
-        elif seq.num_generated_tokens >= params.max_tokens or seq.num_tokens >= self._max_model_len:
+        elif len(token_ids) - seq.num_prompt_tokens >= params.max_tokens or len(token_ids) >= self._max_model_len:
             self.finish(seq.seq_id, "length", None)
 
     def finish(self, seq_id: int, reason: str, stop_reason: str | int | None) -> None:

@@ -15,6 +15,7 @@ pipeline.
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -287,6 +288,19 @@ async def _order(
             await flush(window)
 
 
+_MAX_STEPS_PER_HANDOFF = 64
+
+
+def _steps_to_next_finish(engine: LLMEngine, max_steps: int) -> list[RequestOutput]:
+    """Step until a request finishes, the engine runs dry or `max_steps` steps ran."""
+    finished: list[RequestOutput] = []
+    for _ in range(max_steps):
+        finished = engine.step()
+        if finished or not engine.has_unfinished():
+            break
+    return finished
+
+
 async def _engine_loop(
     engine: LLMEngine,
     engine_thread: StepThread,
@@ -300,6 +314,12 @@ async def _engine_loop(
     (counting the structured-output ones in `stats`)."""
     in_flight: dict[int, PreparedRow] = {}
     pending: list[PreparedRow] = []
+    step: Callable[[], list[RequestOutput]] = engine.step
+    if options.wait_for_rows:
+        # Rows are added only when a request finishes (the queue is full, or no row is left),
+        # so the steps up to the next finish need nothing from this loop: they run in one
+        # hand-off to the engine thread (a simulation's steps take microseconds).
+        step = functools.partial(_steps_to_next_finish, engine, _MAX_STEPS_PER_HANDOFF)
     # Enough queued work for the scheduler to fill its budget; the rest waits in the stream.
     target = max(64, 2 * engine.max_num_seqs)
     exhausted = False
@@ -344,7 +364,7 @@ async def _engine_loop(
                     return
                 continue
             # An anyio worker waits for the step, so the event loop stays free meanwhile.
-            finished = await anyio.to_thread.run_sync(engine_thread.submit(engine.step).result)
+            finished = await anyio.to_thread.run_sync(engine_thread.submit(step).result)
             s = engine.stats()
             progress.engine(s.generation_tokens, s.cached_prompt_tokens / max(1, s.prompt_tokens))
             if finished:

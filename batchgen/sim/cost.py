@@ -106,14 +106,14 @@ class StepWork:
     @classmethod
     def of_plan(cls, plan: StepPlan) -> StepWork:
         """The work of one step's plan."""
-        tokens = sampled = context = pairs = 0
-        for chunk in plan.chunks:
-            s, q = chunk.start_pos, len(chunk.token_ids)
-            tokens += q
-            context += s + q
-            pairs += q * s + q * (q + 1) // 2
-            sampled += chunk.num_samples > 0
-        return cls(1, len(plan.chunks), tokens, sampled, context, pairs)
+        return cls(
+            1,
+            len(plan.chunks),
+            plan.num_tokens,
+            plan.num_sampling_chunks,
+            plan.num_context_tokens,
+            plan.num_attention_pairs,
+        )
 
 
 @dataclass(frozen=True, slots=True)

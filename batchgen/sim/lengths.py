@@ -149,7 +149,10 @@ class LengthDistribution:
         return length
 
     def token(self, seed: int, index: int) -> int:
-        return self._eos if index >= self.length(seed) - 1 else self._filler.token(seed, index)
+        length = self._by_seed.get(seed)
+        if length is None:
+            length = self.length(seed)
+        return self._eos if index >= length - 1 else self._filler.token(seed, index)
 
 
 def read_recorded_outputs(paths: Iterable[Path]) -> dict[int, Recorded]:

@@ -87,9 +87,10 @@ class SimulatedRunner:
         t.context_tokens += work.context_tokens
         t.attention_pairs += work.attention_pairs
         token = self.tokens.token
-        sampled = {
-            c.seq_id: tuple(token(seed, c.num_generated_tokens) for seed in c.sample_seeds)
-            for c in plan.chunks
-            if c.num_samples
-        }
+        sampled: dict[int, tuple[int, ...]] = {}
+        for c in plan.chunks:
+            if c.num_samples == 1:
+                sampled[c.seq_id] = (token(c.sample_seeds[0], c.num_generated_tokens),)
+            elif c.num_samples:
+                sampled[c.seq_id] = tuple(token(seed, c.num_generated_tokens) for seed in c.sample_seeds)
         return StepResult(sampled=sampled)

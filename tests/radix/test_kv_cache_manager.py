@@ -462,3 +462,31 @@ def test_many_short_requests_hand_out_the_peak_in_use_on_a_lazy_pool(is_lazily_c
     else:
         assert manager.num_handed_out_blocks == 2 * 200 + 4  # full blocks kept; 4 partials reused
         assert manager.stats().num_cached_blocks == 400
+
+
+def test_block_table_tuple_is_kept_until_the_table_grows_and_dropped_on_free() -> None:
+    manager = _manager()
+    assert manager.allocate(1, 3)
+    first = manager.block_table(1)
+    assert first == (0,)
+    assert manager.allocate(1, 4)  # still one block: the same tuple comes back
+    assert manager.block_table(1) is first
+    assert manager.allocate(1, 5)  # grows: a new tuple; the old one is unchanged
+    assert manager.block_table(1) == (0, 1)
+    assert first == (0,)
+    manager.check_invariants()
+    _free(manager, 1)
+    assert manager.allocate(2, 5)  # takes the two blocks seq 1 freed
+    assert manager.block_table(2) == (0, 1)
+    assert manager.allocate(1, 5)  # the same seq_id and length again: its new table
+    assert manager.block_table(1) == (2, 3)
+    manager.check_invariants()
+
+
+def test_cache_blocks_without_a_new_full_block_still_checks_its_arguments() -> None:
+    manager = _manager()
+    assert _run(manager, 1, A + TAIL) == (0, 1)
+    with pytest.raises(ValueError, match="outside"):
+        manager.cache_blocks(1, A, 6)  # fewer tokens than num_tokens
+    with pytest.raises(KeyError):
+        manager.cache_blocks(7, A + TAIL, 6)

@@ -180,3 +180,28 @@ def test_the_comparison_sees_a_different_schedule(tmp_path: Path, model: Path, m
                     engine={"max_num_seqs": 5})
     sim, _ = _simulated(monkeypatch, other, MaxTokens(_filler(config)), with_tokens=False)
     assert sim != real
+
+
+def test_steps_handed_off_in_runs_make_the_same_schedule(tmp_path: Path, model: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    # A simulation runs the steps up to the next finished request in one hand-off to the engine
+    # thread; one step per hand-off (a real run's way) must give the same steps.
+    from batchgen.engine.step_thread import StepThread
+
+    config = _config(tmp_path, model, sampling={"max_tokens": 7, "temperature": 1.0, "ignore_eos": True})
+    submits: list[int] = []
+    real_submit = StepThread.submit
+
+    def counted(self: StepThread, fn: Callable[[], Any]) -> Any:
+        submits.append(1)
+        return real_submit(self, fn)
+
+    monkeypatch.setattr(StepThread, "submit", counted)
+    batched, _ = _simulated(monkeypatch, config, MaxTokens(_filler(config)), with_tokens=True)
+    num_batched_submits = len(submits)
+    monkeypatch.setattr("batchgen.job.pipeline._MAX_STEPS_PER_HANDOFF", 1)
+    submits.clear()
+    single, _ = _simulated(monkeypatch, config, MaxTokens(_filler(config)), with_tokens=True)
+    assert batched == single
+    assert len(submits) == len(single)  # one step each
+    assert num_batched_submits < len(batched) // 2
