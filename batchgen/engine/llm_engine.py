@@ -31,7 +31,7 @@ from batchgen.engine.sampler import Sampler, SampleRequest
 from batchgen.engine.sampling_params import SamplingParams
 from batchgen.engine.scheduler import Scheduler
 from batchgen.engine.seeding import derive_seed
-from batchgen.engine.sequence import Sequence
+from batchgen.engine.sequence import Sequence, SequenceStatus
 from batchgen.engine.step_plan import StepPlan, StepResult
 from batchgen.engine.structured.matchers import GrammarTarget
 from batchgen.engine.structured.runtime import PendingMask, StructuredOutputs
@@ -377,6 +377,7 @@ class LLMEngine:
         self._generation_tokens += len(advanced)
         finished: list[RequestOutput] = []
         ended: dict[int, _Request] = {}  # requests with a sample that finished in this step
+        finished_status = SequenceStatus.FINISHED
         for seq in advanced:
             request = seq_to_request[seq.seq_id]
             if seq.sample_index == 0:
@@ -389,7 +390,7 @@ class LLMEngine:
                     detok.finish()  # its stop string, if any, wins in _finish
                 elif matched is not None:
                     self.scheduler.finish(seq.seq_id, "stop", matched)
-            if seq.is_finished:
+            if seq.status is finished_status:
                 ended[request.request_id] = request
         for request in ended.values():
             if all(s.is_finished for s in request.seqs):

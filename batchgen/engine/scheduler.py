@@ -324,14 +324,14 @@ class Scheduler:
                     f"expected {chunk.num_samples} tokens for sequence {seq.seq_id}, got {len(tokens)}"
                 )
             token_logprobs = logprobs.get(seq.seq_id) if logprobs else None
-            children = self._pending_forks.pop(seq.seq_id, None) if self._pending_forks else None
-            # Fork before the parent's token is applied: the parent may finish on it.
-            for i, child in enumerate(children or (), start=1):
-                copy = self._fork(seq, child)
-                if copy is not None:
-                    self._pending_copies.append(copy)
-                self._append(child, tokens[i], token_logprobs[i] if token_logprobs else None, completed)
-                advanced.append(child)
+            if chunk.num_samples > 1:
+                # Fork before the parent's token is applied: the parent may finish on it.
+                for i, child in enumerate(self._pending_forks.pop(seq.seq_id), start=1):
+                    copy = self._fork(seq, child)
+                    if copy is not None:
+                        self._pending_copies.append(copy)
+                    self._append(child, tokens[i], token_logprobs[i] if token_logprobs else None, completed)
+                    advanced.append(child)
             self._append(seq, tokens[0], token_logprobs[0] if token_logprobs else None, completed)
             advanced.append(seq)
         return advanced
