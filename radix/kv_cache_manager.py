@@ -218,6 +218,24 @@ class KVCacheManager:
             table.append(self._pop_free_block())
         return True
 
+    def allocate_running(self, seq_ids: Sequence[int], num_tokens: Sequence[int]) -> int:
+        """``allocate(seq_ids[i], num_tokens[i])`` for each sequence in order, stopping at the
+        first that does not fit; returns how many were covered (``len(seq_ids)``: all). Each
+        sequence must already have a table (KeyError otherwise): this is the scheduler's step
+        over its running sequences, most of whose tables already cover the next token."""
+        if len(seq_ids) != len(num_tokens):
+            raise ValueError(f"{len(seq_ids)} seq_ids but {len(num_tokens)} token counts")
+        tables, size = self._block_tables, self._block_size
+        for i, (seq_id, n) in enumerate(zip(seq_ids, num_tokens, strict=True)):
+            table = tables.get(seq_id)
+            if table is None:
+                raise KeyError(f"seq_id {seq_id} has no block table")
+            if 0 <= n <= len(table) * size:
+                continue
+            if not self.allocate(seq_id, n):
+                return i
+        return len(seq_ids)
+
     def _pop_free_block(self) -> int:
         """Take the LRU head of the free queue, evicting it from the tree when cached.
 
@@ -271,6 +289,31 @@ class KVCacheManager:
         while num_cached < num_full_blocks and self._is_chain_link(table, num_cached):
             num_cached += 1
         self._num_cached_blocks[seq_id] = num_cached
+
+    def cache_running_blocks(
+        self, seq_ids: Sequence[int], token_ids: Sequence[Sequence[int]], num_tokens: Sequence[int]
+    ) -> None:
+        """``cache_blocks(seq_ids[i], token_ids[i], num_tokens[i])`` for each sequence in order
+        (the same checks and errors); a sequence with no new full block costs a lookup."""
+        if not len(seq_ids) == len(token_ids) == len(num_tokens):
+            raise ValueError("seq_ids, token_ids and num_tokens differ in length")
+        cached, size = self._num_cached_blocks, self._block_size
+        for seq_id, tokens, n in zip(seq_ids, token_ids, num_tokens, strict=True):
+            num_cached = cached.get(seq_id)
+            if num_cached is None or n // size > num_cached or not 0 <= n <= len(tokens):
+                self.cache_blocks(seq_id, tokens, n)
+
+    def block_tables(self, seq_ids: Sequence[int]) -> tuple[tuple[int, ...], ...]:
+        """``block_table`` of each sequence, in order (KeyError for one without a table)."""
+        tables, kept = self._block_tables, self._table_tuples
+        result: list[tuple[int, ...]] = []
+        for seq_id in seq_ids:
+            frozen = kept.get(seq_id)
+            table = tables.get(seq_id)
+            if frozen is None or table is None or len(frozen) != len(table):
+                frozen = self.block_table(seq_id)
+            result.append(frozen)
+        return tuple(result)
 
     def _is_chain_link(self, table: list[int], block_idx: int) -> bool:
         block_id = table[block_idx]

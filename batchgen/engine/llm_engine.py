@@ -337,7 +337,7 @@ class LLMEngine:
         if not prompt_token_ids:
             raise ValueError("prompt is empty (no tokens)")
         vocab = self.model_config.vocab_size
-        if any(not 0 <= t < vocab for t in prompt_token_ids):
+        if min(prompt_token_ids) < 0 or max(prompt_token_ids) >= vocab:
             raise ValueError(f"prompt holds token ids outside the vocabulary [0, {vocab})")
         if len(prompt_token_ids) >= self.max_model_len:
             raise ValueError(
@@ -364,9 +364,10 @@ class LLMEngine:
             return []
         self._num_steps += 1
         seq_to_request = self._seq_to_request
-        for chunk in plan.chunks:
+        for chunk in plan.listed:
             # A request is first scheduled with its first sample's first chunk, before any token
-            # was generated (a readmitted or forked sequence has generated one).
+            # was generated (a readmitted or forked sequence has generated one; so has every
+            # plain decode, which is why only the listed chunks are looked at).
             if chunk.num_generated_tokens == 0:
                 scheduled = seq_to_request[chunk.seq_id]
                 if scheduled.first_scheduled_time is None:
@@ -406,7 +407,7 @@ class LLMEngine:
             num_scheduled_tokens=plan.num_tokens,
             num_output_tokens=num_sampled,
             num_finished=num_finished,
-            num_running=len(plan.chunks),
+            num_running=plan.num_chunks,
             num_waiting=sched.num_waiting,
             prefill_tokens_total=sched.prefill_tokens_computed,
             cached_tokens_total=sched.cached_prompt_tokens,

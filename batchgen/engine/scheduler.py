@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from batchgen.engine.config import SchedulerConfig
 from batchgen.engine.sequence import Sequence, SequenceStatus
-from batchgen.engine.step_plan import ScheduledChunk, StepPlan, StepResult
+from batchgen.engine.step_plan import DecodeBatch, ScheduledChunk, StepPlan, StepResult
 from batchgen.radix import BlockCopy, CacheMatch, KVCacheManager
 
 __all__ = ["Scheduler", "SchedulerStats"]
@@ -46,6 +46,10 @@ class Scheduler:
     `add` queues sequences; `schedule` plans a step; `update` applies the step's sampled tokens;
     `finish` ends a sequence early (a stop string found by the engine).
     """
+
+    # Admission bounds the running sequences' reserve before it sums it (see `_admit`); the
+    # tests switch the bound off to show it changes no decision.
+    _bound_reserve = True
 
     def __init__(
         self,
@@ -116,27 +120,54 @@ class Scheduler:
         """Plan the next step; mutates queues, sequences and block tables."""
         budget = self._config.max_num_batched_tokens
         remaining = budget if budget is not None else 1 << 62
-        planned: dict[int, int] = {}  # seq_id -> tokens, in plan order
+        running = SequenceStatus.RUNNING
         preempted = False
 
-        decodes: list[Sequence] = []
-        prefills: list[Sequence] = []
+        # Sequences with one token to compute (decodes, and prompts down to their last token)
+        # go first, oldest admission first, a token each while the budget lasts; their blocks
+        # are grown in one call per run of sequences that fit.
+        ones: list[Sequence] = []
+        rest: list[Sequence] = []
         for seq in self._running:
-            (decodes if len(seq.token_ids) - seq.num_computed_tokens == 1 else prefills).append(seq)
-        running = SequenceStatus.RUNNING
-        for seq in decodes + prefills:
+            (ones if len(seq.token_ids) - seq.num_computed_tokens == 1 else rest).append(seq)
+        kv = self._kv
+        planned_ones: list[Sequence] = []
+        while ones and remaining:
+            batch = ones[:remaining]
+            num_fit = kv.allocate_running([s.seq_id for s in batch], [s.num_computed_tokens + 1 for s in batch])
+            planned_ones += batch if num_fit == len(batch) else batch[:num_fit]
+            remaining -= num_fit
+            if num_fit == len(batch):
+                break
+            # No block for batch[num_fit]: preempt the newest until it fits (or is the newest).
+            # A victim is never planned yet here: the newest comes last in this order.
+            seq = batch[num_fit]
+            while not kv.allocate(seq.seq_id, seq.num_computed_tokens + 1):
+                victim = self._running[-1]
+                self._preempt(victim)
+                preempted = True
+                if victim is seq:
+                    break
+            else:
+                planned_ones.append(seq)
+                remaining -= 1
+            ones = [s for s in ones[num_fit + 1 :] if s.status is running]
+        planned: dict[int, int] = {}  # seq_id -> tokens of the other sequences, in plan order
+        for seq in rest:
             if remaining == 0:
                 break
             if seq.status is not running:
                 continue  # preempted earlier in this loop
-            num_todo = len(seq.token_ids) - seq.num_computed_tokens
-            # A decode (one token; the budget has room) needs no rule.
-            num_new = 1 if num_todo == 1 else self._num_new(num_todo, remaining, planned)
+            num_new = self._num_new(len(seq.token_ids) - seq.num_computed_tokens, remaining, planned)
             if num_new == 0:
                 continue  # chunked prefill off: this prompt waits for a step with room
-            while not self._kv.allocate(seq.seq_id, seq.num_computed_tokens + num_new):
+            while not kv.allocate(seq.seq_id, seq.num_computed_tokens + num_new):
                 victim = self._running[-1]
-                remaining += planned.pop(victim.seq_id, 0)
+                if victim.seq_id in planned:
+                    remaining += planned.pop(victim.seq_id)
+                elif any(s is victim for s in planned_ones):
+                    planned_ones.remove(victim)
+                    remaining += 1
                 self._preempt(victim)
                 preempted = True
                 if victim is seq:
@@ -147,20 +178,38 @@ class Scheduler:
         # Only now is the set of running sequences final: a block filled by this step enters the
         # prefix cache once nothing can preempt its sequence before the forward pass writes its
         # KV (a victim's blocks stay cached when freed, and a later prompt would read them).
+        kv.cache_running_blocks(
+            [s.seq_id for s in planned_ones],
+            [s.token_ids for s in planned_ones],
+            [s.num_computed_tokens + 1 for s in planned_ones],
+        )
+        seqs = self._seqs
         for seq_id, num_new in planned.items():
-            seq = self._seqs[seq_id]
-            self._kv.cache_blocks(seq_id, seq.token_ids, seq.num_computed_tokens + num_new)
+            seq = seqs[seq_id]
+            kv.cache_blocks(seq_id, seq.token_ids, seq.num_computed_tokens + num_new)
 
         # Admission never preempts, so an admitted sequence's blocks are cached at once (a later
         # prompt of this step may take them from the cache).
         if not preempted and self._can_admit():
-            remaining = self._admit(planned, remaining)
+            remaining = self._admit(planned, planned_ones, remaining)
 
-        seqs = self._seqs
-        chunks = tuple([self._chunk(seqs[seq_id], n) for seq_id, n in planned.items()])
+        # A plain decode: its one token follows a computed prompt (no prefill to count, no
+        # forks or prompt logits pending). The others are listed chunk by chunk.
+        decodes = [s for s in planned_ones if s.num_computed_tokens >= s.num_prefill_tokens]
+        listed = [self._chunk(s, 1) for s in planned_ones if s.num_computed_tokens < s.num_prefill_tokens]
+        listed += [self._chunk(seqs[seq_id], n) for seq_id, n in planned.items()]
+        batch_ids = tuple([s.seq_id for s in decodes])
+        decode_batch = DecodeBatch(
+            batch_ids,
+            tuple([s.token_ids[-1] for s in decodes]),
+            tuple([s.num_computed_tokens for s in decodes]),
+            kv.block_tables(batch_ids),
+            tuple([s.seed for s in decodes]),
+            tuple([len(s.token_ids) - s.num_prompt_tokens for s in decodes]),
+        )
         copies = tuple(self._pending_copies)
         self._pending_copies.clear()
-        return StepPlan(chunks=chunks, block_copies=copies)
+        return StepPlan(tuple(listed), copies, decode_batch)
 
     def _num_new(self, num_todo: int, remaining: int, planned: dict[int, int]) -> int:
         """Tokens to schedule of a sequence with `num_todo` left to compute: as many as the budget
@@ -190,7 +239,7 @@ class Scheduler:
         ahead: int = -(-end // size) + num_allocated_tokens // -size
         return max(0, ahead)
 
-    def _admit(self, planned: dict[int, int], remaining: int) -> int:
+    def _admit(self, planned: dict[int, int], planned_ones: list[Sequence], remaining: int) -> int:
         static = self._config.batching == "static"
         watermark = not static and self._config.admission_reserve_tokens > 0
         # Watermark: a sequence is admitted only if the blocks left free afterwards still cover
@@ -199,11 +248,30 @@ class Scheduler:
         # thrash) when the pool is small.
         #
         #   pool:  | held by running | reserved: their next blocks | free for admission |
+        #
+        # The exact reserve is a sum over every running sequence; it is computed only when an
+        # upper bound of it would stop admission (the same decisions, and none of that work
+        # while the pool has room): a sequence with one token to compute holds its blocks up
+        # to at least its next-to-last token, so it needs at most 1 + ceil(reserve / block)
+        # more; the others are counted exactly.
         reserve = 0
-        if watermark and self._waiting and len(self._running) < self._config.max_num_seqs:
+        exact = True
+        if watermark and self._waiting and len(self._running) < self._config.max_num_seqs and not self._bound_reserve:
+            reserve = self._exact_reserve(len(self._running), planned, planned_ones)
+        elif watermark and self._waiting and len(self._running) < self._config.max_num_seqs:
+            size = self._block_size
+            per_one = 1 + -(-self._config.admission_reserve_tokens // size)
             blocks_ahead = self._blocks_ahead
+            num_ones = 0
             for s in self._running:
-                reserve += blocks_ahead(s, s.num_computed_tokens + planned.get(s.seq_id, 0))
+                if len(s.token_ids) - s.num_computed_tokens == 1:
+                    num_ones += 1
+                else:
+                    reserve += blocks_ahead(s, s.num_computed_tokens + planned.get(s.seq_id, 0))
+            reserve += num_ones * per_one
+            exact = num_ones == 0
+        num_before = len(self._running)
+        reserve_admitted = 0  # the reserve of the sequences admitted below
         while self._waiting and len(self._running) < self._config.max_num_seqs:
             if remaining == 0 and not static:
                 break
@@ -217,11 +285,15 @@ class Scheduler:
             own = self._blocks_ahead(seq, hit.num_tokens + num_new) if watermark else 0
             if self._running and watermark:
                 needed = self._kv.num_blocks_needed(hit.num_tokens + num_new) - len(hit.block_ids)
+                if not exact and self._kv.num_free_blocks - needed < reserve + own:
+                    reserve = self._exact_reserve(num_before, planned, planned_ones) + reserve_admitted
+                    exact = True
                 if self._kv.num_free_blocks - needed < reserve + own:
                     break
             if not self._kv.allocate(seq.seq_id, hit.num_tokens + num_new, hit):
                 break
             reserve += own
+            reserve_admitted += own
             self._waiting.popleft()
             self._start(seq, hit)
             if num_new > 0:
@@ -229,6 +301,15 @@ class Scheduler:
                 remaining = max(0, remaining - num_new)
             self._kv.cache_blocks(seq.seq_id, seq.token_ids, seq.num_computed_tokens + num_new)
         return remaining
+
+    def _exact_reserve(self, num_running: int, planned: dict[int, int], planned_ones: list[Sequence]) -> int:
+        """Blocks the first `num_running` running sequences still need to grow
+        `admission_reserve_tokens` (see `_admit`), with this step's planned tokens counted."""
+        ones = {s.seq_id for s in planned_ones}
+        return sum(
+            self._blocks_ahead(s, s.num_computed_tokens + (1 if s.seq_id in ones else planned.get(s.seq_id, 0)))
+            for s in self._running[:num_running]
+        )
 
     @staticmethod
     def _prompt_logits_start(seq: Sequence) -> int | None:
@@ -311,7 +392,19 @@ class Scheduler:
         advanced: list[Sequence] = []
         seqs, sampled, logprobs, completed = self._seqs, result.sampled, result.logprobs, result.completed
         running = SequenceStatus.RUNNING
-        for chunk in plan.chunks:
+        append = self._append
+        for seq_id in plan.decodes.seq_ids:
+            seq = seqs[seq_id]
+            if seq.status is not running:
+                raise RuntimeError(f"sequence {seq_id} changed state during its step")
+            seq.num_computed_tokens += 1
+            tokens = sampled[seq_id]
+            if len(tokens) != 1:
+                raise RuntimeError(f"expected 1 token for sequence {seq_id}, got {len(tokens)}")
+            token_logprobs = logprobs.get(seq_id) if logprobs else None
+            append(seq, tokens[0], token_logprobs[0] if token_logprobs else None, completed)
+            advanced.append(seq)
+        for chunk in plan.listed:
             seq = seqs[chunk.seq_id]
             if seq.status is not running:
                 raise RuntimeError(f"sequence {seq.seq_id} changed state during its step")

@@ -7,12 +7,12 @@ come back to `Scheduler.update()` as a `StepResult`. None of them holds a live `
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import NamedTuple
 
 from batchgen.radix import BlockCopy
 
-__all__ = ["ScheduledChunk", "StepPlan", "StepResult"]
+__all__ = ["DecodeBatch", "ScheduledChunk", "StepPlan", "StepResult"]
 
 
 class ScheduledChunk(NamedTuple):
@@ -45,9 +45,42 @@ class ScheduledChunk(NamedTuple):
     prompt_logits_start: int | None = None
 
 
-@dataclass(frozen=True, slots=True)
+class DecodeBatch(NamedTuple):
+    """A step's plain decodes as columns: sequence i computes its one token `token_ids[i]` at
+    position `start_pos[i]` with `block_tables[i]`, and draws its next token (one sample, seed
+    `sample_seeds[i]`, the `num_generated_tokens[i]`-th it generates). The chunk of each is
+    `ScheduledChunk(seq_ids[i], (token_ids[i],), start_pos[i], block_tables[i], 1,
+    (sample_seeds[i],), num_generated_tokens[i])`.
+
+    Most of a long job's steps are decodes of a few hundred sequences; columns are built with a
+    few list comprehensions where one chunk per sequence cost a call and a tuple each, and the
+    simulator reads them without building chunks at all.
+    """
+
+    seq_ids: tuple[int, ...] = ()
+    token_ids: tuple[int, ...] = ()
+    start_pos: tuple[int, ...] = ()
+    block_tables: tuple[tuple[int, ...], ...] = ()
+    sample_seeds: tuple[int, ...] = ()
+    num_generated_tokens: tuple[int, ...] = ()
+
+    def as_chunks(self) -> tuple[ScheduledChunk, ...]:
+        return tuple(
+            ScheduledChunk(seq_id, (token,), pos, table, 1, (seed,), generated)
+            for seq_id, token, pos, table, seed, generated in zip(*self, strict=True)
+        )
+
+
+_NO_DECODES = DecodeBatch()
+
+
+@dataclass(frozen=True, slots=True, init=False)
 class StepPlan:
     """What one step computes, and the KV block copies to apply before its forward pass.
+
+    The chunks come in two forms: `decodes`, the plain decodes as columns, and `listed`, every
+    other chunk one by one (a prompt's chunk, a recompute, a sequence's first token; in a plan
+    built by hand, any chunk). `chunks` gives them all as `ScheduledChunk`s, decodes first.
 
     Its work, counted once when it is made (the timeline and the simulator's cost model read
     them): num_tokens (tokens computed), num_sampling_chunks (chunks that draw a token),
@@ -55,30 +88,59 @@ class StepPlan:
     num_attention_pairs (query-key pairs: each of a chunk's q queries reads start_pos keys and
     its own prefix)."""
 
-    chunks: tuple[ScheduledChunk, ...]
+    listed: tuple[ScheduledChunk, ...]
     block_copies: tuple[BlockCopy, ...]
-    num_tokens: int = field(init=False)
-    num_sampling_chunks: int = field(init=False)
-    num_context_tokens: int = field(init=False)
-    num_attention_pairs: int = field(init=False)
+    decodes: DecodeBatch
+    num_tokens: int
+    num_sampling_chunks: int
+    num_context_tokens: int
+    num_attention_pairs: int
 
-    def __post_init__(self) -> None:
-        tokens = sampling = context = pairs = 0
-        for chunk in self.chunks:
+    def __init__(
+        self,
+        chunks: tuple[ScheduledChunk, ...] = (),
+        block_copies: tuple[BlockCopy, ...] = (),
+        decodes: DecodeBatch = _NO_DECODES,
+    ) -> None:
+        """`chunks`: the chunks listed one by one (after `decodes` in the step's order)."""
+        num_decodes = len(decodes.seq_ids)
+        if any(len(column) != num_decodes for column in decodes):
+            raise ValueError("a DecodeBatch's columns differ in length")
+        # A decode at position s computes 1 token that reads s + 1 keys.
+        positions = sum(decodes.start_pos)
+        tokens, sampling = num_decodes, num_decodes
+        context = pairs = positions + num_decodes
+        for chunk in chunks:
             # | computed before: s | this chunk: q |
             s, q = chunk.start_pos, len(chunk.token_ids)
             tokens += q
             context += s + q
             pairs += q * s + q * (q + 1) // 2
             sampling += chunk.num_samples > 0
-        object.__setattr__(self, "num_tokens", tokens)
-        object.__setattr__(self, "num_sampling_chunks", sampling)
-        object.__setattr__(self, "num_context_tokens", context)
-        object.__setattr__(self, "num_attention_pairs", pairs)
+        set_ = object.__setattr__
+        set_(self, "listed", chunks)
+        set_(self, "block_copies", block_copies)
+        set_(self, "decodes", decodes)
+        set_(self, "num_tokens", tokens)
+        set_(self, "num_sampling_chunks", sampling)
+        set_(self, "num_context_tokens", context)
+        set_(self, "num_attention_pairs", pairs)
+
+    @property
+    def chunks(self) -> tuple[ScheduledChunk, ...]:
+        """Every chunk of the step, in order: the decodes', then the listed ones."""
+        if not self.decodes.seq_ids:
+            return self.listed
+        return self.decodes.as_chunks() + self.listed
+
+    @property
+    def num_chunks(self) -> int:
+        """Sequences the step computes (one chunk each)."""
+        return len(self.decodes.seq_ids) + len(self.listed)
 
     @property
     def is_empty(self) -> bool:
-        return not self.chunks
+        return not self.listed and not self.decodes.seq_ids
 
 
 @dataclass(frozen=True, slots=True)

@@ -350,7 +350,7 @@ async def _engine_loop(
                     continue
                 try:
                     request_id = engine.add_request(
-                        list(row.token_ids), row.params.replace(seed=row.seed), score_from=row.score_from
+                        list(row.token_ids), row.params.with_seed(row.seed), score_from=row.score_from
                     )
                 except ValueError as exc:
                     results.append(RowResult(row, _error_outputs(row, request_error(exc))))

@@ -108,7 +108,7 @@ class StepWork:
         """The work of one step's plan."""
         return cls(
             1,
-            len(plan.chunks),
+            plan.num_chunks,
             plan.num_tokens,
             plan.num_sampling_chunks,
             plan.num_context_tokens,

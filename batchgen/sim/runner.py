@@ -87,8 +87,12 @@ class SimulatedRunner:
         t.context_tokens += work.context_tokens
         t.attention_pairs += work.attention_pairs
         token = self.tokens.token
-        sampled: dict[int, tuple[int, ...]] = {}
-        for c in plan.chunks:
+        decodes = plan.decodes
+        sampled: dict[int, tuple[int, ...]] = {
+            seq_id: (token(seed, generated),)
+            for seq_id, seed, generated in zip(decodes.seq_ids, decodes.sample_seeds, decodes.num_generated_tokens, strict=True)
+        }
+        for c in plan.listed:
             if c.num_samples == 1:
                 sampled[c.seq_id] = (token(c.sample_seeds[0], c.num_generated_tokens),)
             elif c.num_samples:

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from batchgen.engine.step_plan import ScheduledChunk, StepPlan
+from batchgen.engine.step_plan import DecodeBatch, ScheduledChunk, StepPlan
 
 
 def test_plan_counts_equal_the_sums_over_its_chunks() -> None:
@@ -32,3 +32,38 @@ def test_a_chunk_is_immutable_and_reads_by_name() -> None:
     assert (chunk.sample_seeds, chunk.num_generated_tokens, chunk.prompt_logits_start) == ((), 0, None)
     with pytest.raises(AttributeError):
         chunk.start_pos = 10  # type: ignore[misc]
+
+
+def test_decode_columns_count_and_read_as_chunks() -> None:
+    rng = random.Random(11)
+    for _ in range(50):
+        n = rng.randrange(0, 6)
+        decodes = DecodeBatch(
+            tuple(range(100, 100 + n)),
+            tuple(rng.randrange(50) for _ in range(n)),
+            tuple(rng.randrange(0, 90) for _ in range(n)),
+            tuple((i, i + 1) for i in range(n)),
+            tuple(rng.randrange(1 << 30) for _ in range(n)),
+            tuple(rng.randrange(1, 30) for _ in range(n)),
+        )
+        listed = tuple(
+            ScheduledChunk(seq_id, tuple(range(3)), rng.randrange(0, 40), (0,), rng.choice((0, 1)))
+            for seq_id in range(rng.randrange(0, 3))
+        )
+        plan = StepPlan(listed, (), decodes)
+        chunks = plan.chunks
+        assert chunks[:n] == tuple(
+            ScheduledChunk(decodes.seq_ids[i], (decodes.token_ids[i],), decodes.start_pos[i],
+                           decodes.block_tables[i], 1, (decodes.sample_seeds[i],), decodes.num_generated_tokens[i])
+            for i in range(n)
+        )
+        assert chunks[n:] == listed and plan.listed == listed and plan.num_chunks == len(chunks)
+        same = StepPlan(chunks, ())  # the same chunks, all listed: the same work
+        assert (plan.num_tokens, plan.num_sampling_chunks, plan.num_context_tokens, plan.num_attention_pairs) == (
+            same.num_tokens, same.num_sampling_chunks, same.num_context_tokens, same.num_attention_pairs)
+        assert plan.is_empty == (not chunks)
+
+
+def test_decode_columns_of_different_lengths_are_refused() -> None:
+    with pytest.raises(ValueError):
+        StepPlan((), (), DecodeBatch((1, 2), (5, 5), (3, 3), ((0,), (1,)), (9,), (1, 1)))

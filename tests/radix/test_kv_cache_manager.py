@@ -490,3 +490,63 @@ def test_cache_blocks_without_a_new_full_block_still_checks_its_arguments() -> N
         manager.cache_blocks(1, A, 6)  # fewer tokens than num_tokens
     with pytest.raises(KeyError):
         manager.cache_blocks(7, A + TAIL, 6)
+
+
+def _state(manager: KVCacheManager) -> tuple[object, ...]:
+    tables = {s: manager.block_table(s) for s in sorted(manager._block_tables)}  # white-box read
+    cached = [b for b in range(manager.num_blocks) if _is_cached(manager, b)]
+    return tables, _refs(manager), _free_order(manager), cached, dict(manager._num_cached_blocks)
+
+
+def test_allocate_running_is_allocate_in_order_up_to_the_first_that_does_not_fit() -> None:
+    batched, single = _manager(), _manager()
+    for m in (batched, single):
+        for seq_id, tokens in ((0, A + B), (1, C), (2, D + TAIL)):
+            assert m.allocate(seq_id, len(tokens))
+    # seq 0 grows by a block, seq 1 stays covered, seq 2 grows by three: 4 of the 5 free blocks;
+    # then seq 1 asks for 3 more and does not fit: the call stops there, seq 0 is not retried.
+    want = [(0, 9), (1, 4), (2, 17), (1, 16), (0, 40)]
+    assert batched.allocate_running([s for s, _ in want], [n for _, n in want]) == 3
+    for seq_id, n in want[:4]:
+        if not single.allocate(seq_id, n):
+            break
+    assert _state(batched) == _state(single)
+    assert batched.block_table(0) == (0, 1, 5) and batched.block_table(2) == (3, 4, 6, 7, 8)
+    assert batched.allocate_running([0, 1], [12, 4]) == 2  # all covered: nothing taken
+    assert batched.num_free_blocks == 1
+    batched.check_invariants()
+
+
+def test_running_batches_check_their_arguments() -> None:
+    manager = _manager()
+    manager.allocate(0, 4)
+    with pytest.raises(KeyError):
+        manager.allocate_running([0, 7], [4, 4])
+    with pytest.raises(ValueError):
+        manager.allocate_running([0], [4, 4])
+    with pytest.raises(ValueError):
+        manager.allocate_running([0], [-1])
+    with pytest.raises(ValueError):
+        manager.cache_running_blocks([0], [A], [4, 4])
+    with pytest.raises(ValueError):
+        manager.cache_running_blocks([0], [A], [5])  # more tokens than given
+    with pytest.raises(KeyError):
+        manager.block_tables([0, 7])
+
+
+def test_cache_running_blocks_and_block_tables_equal_the_single_calls() -> None:
+    batched, single = _manager(), _manager()
+    seqs = {0: A + B + TAIL, 1: A + C, 2: A + B + D}  # 1 and 2 share A (and 2 shares B with 0)
+    for m in (batched, single):
+        for seq_id, tokens in seqs.items():
+            m.allocate(seq_id, len(tokens))
+    counts = [(0, 9), (1, 7), (2, 12)]  # seq 1's second block is not full yet
+    batched.cache_running_blocks([s for s, _ in counts], [seqs[s] for s, _ in counts], [n for _, n in counts])
+    for seq_id, n in counts:
+        single.cache_blocks(seq_id, seqs[seq_id], n)
+    assert _state(batched) == _state(single)
+    # A and B of seqs 1 and 2 sit on other blocks than seq 0's: uncached there, retried later.
+    assert batched._num_cached_blocks == {0: 2, 1: 0, 2: 0}
+    assert batched.block_tables([2, 0]) == (batched.block_table(2), batched.block_table(0))
+    assert batched.block_tables([]) == ()
+    batched.check_invariants()

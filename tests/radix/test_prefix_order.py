@@ -74,3 +74,11 @@ def test_prefix_order_is_the_trie_dfs(lists: list[list[int]]) -> None:
 def test_trie_token_count_is_the_number_of_distinct_prefixes(lists: list[list[int]]) -> None:
     prefixes = {tuple(tokens[: i + 1]) for tokens in lists for i in range(len(tokens))}
     assert trie_token_count(lists) == len(prefixes)
+
+
+@settings(max_examples=200, deadline=None)
+@given(lists=st.lists(st.lists(st.integers(0, 1), min_size=20, max_size=60), max_size=8))
+def test_trie_token_count_of_long_lists_sharing_long_prefixes(lists: list[list[int]]) -> None:
+    lists = [[0] * 30 + tokens for tokens in lists]  # common prefixes of 30 tokens and more
+    prefixes = {tuple(tokens[: i + 1]) for tokens in lists for i in range(len(tokens))}
+    assert trie_token_count(lists) == len(prefixes)
