@@ -74,9 +74,8 @@ class KVCacheManager:
         self._enable_prefix_caching = enable_prefix_caching
         self._block_size = block_size
         self._block_tables: dict[int, list[int]] = {}
-        # The last tuple `block_table` gave per sequence: a table only grows, so the tuple is
-        # current while its length is the table's (a running sequence's table is asked for every
-        # step and changes once per block_size tokens).
+        # Each table as a tuple, made again whenever the table grows: a running sequence's table
+        # is handed out every step and grows once per block_size tokens.
         self._table_tuples: dict[int, tuple[int, ...]] = {}
         # Leading blocks of each table known to be cached as that table's chain.
         self._num_cached_blocks: dict[int, int] = {}
@@ -118,12 +117,9 @@ class KVCacheManager:
 
     def block_table(self, seq_id: int) -> tuple[int, ...]:
         """Block ids of ``seq_id``, in token order; KeyError when it has no table."""
-        table = self._block_tables.get(seq_id)
-        if table is None:
-            raise KeyError(f"seq_id {seq_id} has no block table")
         frozen = self._table_tuples.get(seq_id)
-        if frozen is None or len(frozen) != len(table):
-            frozen = self._table_tuples[seq_id] = tuple(table)
+        if frozen is None:
+            raise KeyError(f"seq_id {seq_id} has no block table")
         return frozen
 
     def _table(self, seq_id: int) -> list[int]:
@@ -216,6 +212,9 @@ class KVCacheManager:
         num_blocks_needed = self.num_blocks_needed(num_tokens)
         while len(table) < num_blocks_needed:
             table.append(self._pop_free_block())
+        kept = self._table_tuples.get(seq_id)
+        if kept is None or len(kept) != len(table):
+            self._table_tuples[seq_id] = tuple(table)
         return True
 
     def allocate_running(self, seq_ids: Sequence[int], num_tokens: Sequence[int]) -> int:
@@ -225,14 +224,14 @@ class KVCacheManager:
         over its running sequences, most of whose tables already cover the next token."""
         if len(seq_ids) != len(num_tokens):
             raise ValueError(f"{len(seq_ids)} seq_ids but {len(num_tokens)} token counts")
-        tables, size = self._block_tables, self._block_size
-        for i, (seq_id, n) in enumerate(zip(seq_ids, num_tokens, strict=True)):
-            table = tables.get(seq_id)
-            if table is None:
-                raise KeyError(f"seq_id {seq_id} has no block table")
-            if 0 <= n <= len(table) * size:
-                continue
-            if not self.allocate(seq_id, n):
+        kept, size = self._table_tuples, self._block_size
+        try:
+            short = [i for i, (seq_id, n) in enumerate(zip(seq_ids, num_tokens, strict=True))
+                     if not 0 <= n <= len(kept[seq_id]) * size]
+        except KeyError as exc:
+            raise KeyError(f"seq_id {exc.args[0]} has no block table") from None
+        for i in short:
+            if not self.allocate(seq_ids[i], num_tokens[i]):
                 return i
         return len(seq_ids)
 
@@ -298,22 +297,18 @@ class KVCacheManager:
         if not len(seq_ids) == len(token_ids) == len(num_tokens):
             raise ValueError("seq_ids, token_ids and num_tokens differ in length")
         cached, size = self._num_cached_blocks, self._block_size
-        for seq_id, tokens, n in zip(seq_ids, token_ids, num_tokens, strict=True):
-            num_cached = cached.get(seq_id)
-            if num_cached is None or n // size > num_cached or not 0 <= n <= len(tokens):
-                self.cache_blocks(seq_id, tokens, n)
+        todo = [i for i, (seq_id, tokens, n) in enumerate(zip(seq_ids, token_ids, num_tokens, strict=True))
+                if n // size > cached.get(seq_id, -1) or not 0 <= n <= len(tokens)]
+        for i in todo:
+            self.cache_blocks(seq_ids[i], token_ids[i], num_tokens[i])
 
     def block_tables(self, seq_ids: Sequence[int]) -> tuple[tuple[int, ...], ...]:
         """``block_table`` of each sequence, in order (KeyError for one without a table)."""
-        tables, kept = self._block_tables, self._table_tuples
-        result: list[tuple[int, ...]] = []
-        for seq_id in seq_ids:
-            frozen = kept.get(seq_id)
-            table = tables.get(seq_id)
-            if frozen is None or table is None or len(frozen) != len(table):
-                frozen = self.block_table(seq_id)
-            result.append(frozen)
-        return tuple(result)
+        kept = self._table_tuples
+        try:
+            return tuple([kept[seq_id] for seq_id in seq_ids])
+        except KeyError as exc:
+            raise KeyError(f"seq_id {exc.args[0]} has no block table") from None
 
     def _is_chain_link(self, table: list[int], block_idx: int) -> bool:
         block_id = table[block_idx]
@@ -364,6 +359,7 @@ class KVCacheManager:
             copy = BlockCopy(src=parent_table[num_full_blocks], dst=dst)
             child_table.append(dst)
         self._block_tables[child_seq_id] = child_table
+        self._table_tuples[child_seq_id] = tuple(child_table)
         self._num_cached_blocks[child_seq_id] = min(
             self._num_cached_blocks[parent_seq_id], num_full_blocks
         )
@@ -397,11 +393,11 @@ class KVCacheManager:
             raise AssertionError("prefix caching is off but blocks are cached")
         if self._block_tables.keys() != self._num_cached_blocks.keys():
             raise AssertionError("block tables and cached-block counts track different seqs")
+        if self._block_tables.keys() != self._table_tuples.keys():
+            raise AssertionError("block tables and their tuples track different seqs")
         for seq_id, frozen in self._table_tuples.items():
-            if seq_id in self._block_tables and list(frozen) != self._block_tables[seq_id][: len(frozen)]:
-                raise AssertionError(f"seq_id {seq_id}: its table tuple {frozen} is not its table's head")
-            if seq_id not in self._block_tables:
-                raise AssertionError(f"seq_id {seq_id}: a table tuple is kept after its table was freed")
+            if list(frozen) != self._block_tables[seq_id]:
+                raise AssertionError(f"seq_id {seq_id}: its table tuple {frozen} is not its table")
         num_tables_holding = [0] * pool.num_blocks
         for seq_id, table in self._block_tables.items():
             if len(set(table)) != len(table):

@@ -392,7 +392,9 @@ class Scheduler:
         advanced: list[Sequence] = []
         seqs, sampled, logprobs, completed = self._seqs, result.sampled, result.logprobs, result.completed
         running = SequenceStatus.RUNNING
-        append = self._append
+        # Plain decodes: `_append` written out, its end tests behind one cheap test that any
+        # ending token passes (most tokens end nothing).
+        eos, max_model_len, end_if_done = self._eos_token_ids, self._max_model_len, self._end_if_done
         for seq_id in plan.decodes.seq_ids:
             seq = seqs[seq_id]
             if seq.status is not running:
@@ -401,8 +403,22 @@ class Scheduler:
             tokens = sampled[seq_id]
             if len(tokens) != 1:
                 raise RuntimeError(f"expected 1 token for sequence {seq_id}, got {len(tokens)}")
-            token_logprobs = logprobs.get(seq_id) if logprobs else None
-            append(seq, tokens[0], token_logprobs[0] if token_logprobs else None, completed)
+            token = tokens[0]
+            token_ids = seq.token_ids
+            token_ids.append(token)
+            if logprobs:
+                token_logprobs = logprobs.get(seq_id)
+                if token_logprobs:
+                    seq.logprobs.append(token_logprobs[0])
+            params = seq.params
+            if (
+                token in eos
+                or token in params.stop_token_ids
+                or completed
+                or len(token_ids) - seq.num_prompt_tokens >= params.max_tokens
+                or len(token_ids) >= max_model_len
+            ):
+                end_if_done(seq, token, completed)
             advanced.append(seq)
         for chunk in plan.listed:
             seq = seqs[chunk.seq_id]
@@ -453,10 +469,15 @@ class Scheduler:
     def _append(
         self, seq: Sequence, token: int, token_logprobs: dict[int, float] | None, completed: frozenset[int]
     ) -> None:
-        token_ids = seq.token_ids
-        token_ids.append(token)
+        seq.token_ids.append(token)
         if token_logprobs is not None:
             seq.logprobs.append(token_logprobs)
+        self._end_if_done(seq, token, completed)
+
+    def _end_if_done(self, seq: Sequence, token: int, completed: frozenset[int]) -> None:
+        """Finish `seq` if its last token, `token`, ends it: EOS, a stop token, a complete
+        grammar, max_tokens or max_model_len."""
+        token_ids = seq.token_ids
         params = seq.params
         if not params.ignore_eos and token in self._eos_token_ids:
             self.finish(seq.seq_id, "stop", None)

@@ -47,6 +47,8 @@ __all__ = [
     "sharegpt_reply_lengths",
 ]
 
+_MASK64 = (1 << 64) - 1
+
 # Past this many recorded token ids in all, a replay keeps lengths only (bounded memory).
 _MAX_RECORDED_TOKENS = 20_000_000
 
@@ -54,6 +56,10 @@ _MAX_RECORDED_TOKENS = 20_000_000
 class TokenSource(Protocol):
     def token(self, seed: int, index: int) -> int:
         """The token the sample with `seed` draws as its `index`-th generated token."""
+        ...
+
+    def tokens(self, seeds: Sequence[int], indices: Sequence[int]) -> list[int]:
+        """`token(seeds[i], indices[i])` for each i (a step's decodes at once)."""
         ...
 
 
@@ -77,8 +83,12 @@ class Filler:
         return cls(tokens or tuple(i for i in range(64 + len(eos)) if i not in eos)[:64])
 
     def token(self, seed: int, index: int) -> int:
-        key = ((seed & (2**64 - 1)) << 32 | index).to_bytes(12, "little")
-        return self.tokens[xxhash.xxh64_intdigest(key) % len(self.tokens)]
+        return self.tokens_of(((seed, index),))[0]
+
+    def tokens_of(self, pairs: Iterable[tuple[int, int]]) -> list[int]:
+        """The filler token of each (seed, index) pair."""
+        tokens, n, digest = self.tokens, len(self.tokens), xxhash.xxh64_intdigest
+        return [tokens[digest(((seed & _MASK64) << 32 | index).to_bytes(12, "little")) % n] for seed, index in pairs]
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +99,9 @@ class MaxTokens:
 
     def token(self, seed: int, index: int) -> int:
         return self.filler.token(seed, index)
+
+    def tokens(self, seeds: Sequence[int], indices: Sequence[int]) -> list[int]:
+        return self.filler.tokens_of(zip(seeds, indices, strict=True))
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,6 +142,9 @@ class RecordedOutputs:
             return self._eos
         return self._filler.token(seed, index)
 
+    def tokens(self, seeds: Sequence[int], indices: Sequence[int]) -> list[int]:
+        return [self.token(seed, index) for seed, index in zip(seeds, indices, strict=True)]
+
 
 class LengthDistribution:
     """Each sample generates a length drawn (by a hash of its seed) from `lengths`, then EOS."""
@@ -153,6 +169,15 @@ class LengthDistribution:
         if length is None:
             length = self.length(seed)
         return self._eos if index >= length - 1 else self._filler.token(seed, index)
+
+    def tokens(self, seeds: Sequence[int], indices: Sequence[int]) -> list[int]:
+        by_seed, length = self._by_seed, self.length
+        ends = [index >= (by_seed.get(seed) or length(seed)) - 1 for seed, index in zip(seeds, indices, strict=True)]
+        if not any(ends):
+            return self._filler.tokens_of(zip(seeds, indices, strict=True))
+        eos = self._eos
+        fill = iter(self._filler.tokens_of(pair for pair, end in zip(zip(seeds, indices, strict=True), ends, strict=True) if not end))
+        return [eos if end else next(fill) for end in ends]
 
 
 def read_recorded_outputs(paths: Iterable[Path]) -> dict[int, Recorded]:

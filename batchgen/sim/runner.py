@@ -88,10 +88,8 @@ class SimulatedRunner:
         t.attention_pairs += work.attention_pairs
         token = self.tokens.token
         decodes = plan.decodes
-        sampled: dict[int, tuple[int, ...]] = {
-            seq_id: (token(seed, generated),)
-            for seq_id, seed, generated in zip(decodes.seq_ids, decodes.sample_seeds, decodes.num_generated_tokens, strict=True)
-        }
+        drawn = self.tokens.tokens(decodes.sample_seeds, decodes.num_generated_tokens)
+        sampled: dict[int, tuple[int, ...]] = {seq_id: (t,) for seq_id, t in zip(decodes.seq_ids, drawn, strict=True)}
         for c in plan.listed:
             if c.num_samples == 1:
                 sampled[c.seq_id] = (token(c.sample_seeds[0], c.num_generated_tokens),)

@@ -63,6 +63,25 @@ def test_a_distribution_draws_every_length() -> None:
         LengthDistribution([], filler=Filler((5,)), eos=EOS)
 
 
+def test_a_step_of_tokens_is_each_token(filler: Filler) -> None:
+    # `tokens` (a step's decodes at once) draws what `token` draws, for every kind of source;
+    # the filler's values are the hash of (seed, index) they always were.
+    import xxhash
+
+    key = ((12345 & (2**64 - 1)) << 32 | 7).to_bytes(12, "little")
+    assert filler.token(12345, 7) == filler.tokens[xxhash.xxh64_intdigest(key) % len(filler.tokens)]
+    recorded = RecordedOutputs({5: Recorded((9, 8), 4, True), 6: Recorded(None, 3, False)}, filler=filler, eos=EOS)
+    sources = [MaxTokens(filler), LengthDistribution([1, 2, 3, 9], filler=filler, eos=EOS), recorded]
+    seeds = [5, 6, 7, 3, 2**64 - 1] * 8
+    indices = [i % 6 for i in range(len(seeds))]
+    for source in sources:
+        assert source.tokens(seeds, indices) == [source.token(s, i) for s, i in zip(seeds, indices, strict=True)]
+        assert source.tokens([], []) == []
+    dist = sources[1]
+    assert EOS in dist.tokens(seeds, indices)  # some samples end within 6 tokens, others do not
+    assert any(t != EOS for t in dist.tokens(seeds, indices))
+
+
 def test_recorded_outputs_replay_tokens_then_lengths(filler: Filler) -> None:
     recorded = RecordedOutputs(
         {1: Recorded((9, 8, EOS), 3, True), 2: Recorded(None, 4, True), 3: Recorded(None, 2, False)},
