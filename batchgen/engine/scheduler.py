@@ -259,8 +259,7 @@ class Scheduler:
         if watermark and self._waiting and len(self._running) < self._config.max_num_seqs and not self._bound_reserve:
             reserve = self._exact_reserve(len(self._running), planned, planned_ones)
         elif watermark and self._waiting and len(self._running) < self._config.max_num_seqs:
-            size = self._block_size
-            per_one = 1 + -(-self._config.admission_reserve_tokens // size)
+            per_one = self._one_token_reserve_bound()
             blocks_ahead = self._blocks_ahead
             num_ones = 0
             for s in self._running:
@@ -301,6 +300,11 @@ class Scheduler:
                 remaining = max(0, remaining - num_new)
             self._kv.cache_blocks(seq.seq_id, seq.token_ids, seq.num_computed_tokens + num_new)
         return remaining
+
+    def _one_token_reserve_bound(self) -> int:
+        """Most blocks a running sequence with one token to compute can still need (its table
+        reaches at least its next-to-last token): 1 + ceil(admission_reserve_tokens / block)."""
+        return 1 + -(-self._config.admission_reserve_tokens // self._block_size)
 
     def _exact_reserve(self, num_running: int, planned: dict[int, int], planned_ones: list[Sequence]) -> int:
         """Blocks the first `num_running` running sequences still need to grow

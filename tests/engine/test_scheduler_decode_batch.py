@@ -114,8 +114,8 @@ def test_a_prompt_down_to_its_last_token_is_listed_not_a_decode() -> None:
 
 
 def test_the_bound_covers_every_sequence_with_one_token_to_compute() -> None:
-    # The bound per such sequence is 1 + ceil(reserve / block_size), whatever its length, limits
-    # and whether its token is planned (table up to its last token) or not (its next-to-last).
+    # The scheduler's bound per such sequence covers it whatever its length, limits and whether
+    # its token is planned (table up to its last token) or not (its next-to-last).
     rng = random.Random(3)
     tight = 0
     for _ in range(3000):
@@ -124,7 +124,7 @@ def test_the_bound_covers_every_sequence_with_one_token_to_compute() -> None:
         prompt_len, generated = rng.randint(1, 60), rng.randint(0, 60)
         seq = make_seq(0, list(range(1, prompt_len + 1)), max_tokens=generated + rng.randint(1, 60))
         seq.token_ids += [1] * generated
-        bound = 1 + -(-reserve // block_size)
+        bound = sched._one_token_reserve_bound()
         for allocated in (len(seq.token_ids) - 1, len(seq.token_ids)):
             ahead = sched._blocks_ahead(seq, allocated)
             assert ahead <= bound
