@@ -304,7 +304,8 @@ class Scheduler:
     def _one_token_reserve_bound(self) -> int:
         """Most blocks a running sequence with one token to compute can still need (its table
         reaches at least its next-to-last token): 1 + ceil(admission_reserve_tokens / block)."""
-        return 1 + -(-self._config.admission_reserve_tokens // self._block_size)
+        bound: int = 1 + -(-self._config.admission_reserve_tokens // self._block_size)
+        return bound
 
     def _exact_reserve(self, num_running: int, planned: dict[int, int], planned_ones: list[Sequence]) -> int:
         """Blocks the first `num_running` running sequences still need to grow
