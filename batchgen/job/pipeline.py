@@ -288,17 +288,87 @@ async def _order(
             await flush(window)
 
 
-_MAX_STEPS_PER_HANDOFF = 64
+# Steps per hand-off to the engine thread when rows wait for finishes (a simulation); the loop
+# gets control back at least this often, for the progress bar and the write stage.
+_MAX_STEPS_PER_HANDOFF = 1024
+# A simulation adds the next waiting rows on the engine thread as requests finish (True), rather
+# than on the event loop after each hand-off; both make the same schedule.
+_REFILL_ON_ENGINE_THREAD = True
 
 
-def _steps_to_next_finish(engine: LLMEngine, max_steps: int) -> list[RequestOutput]:
-    """Step until a request finishes, the engine runs dry or `max_steps` steps ran."""
-    finished: list[RequestOutput] = []
+def _add_row(engine: LLMEngine, row: PreparedRow, in_flight: dict[int, PreparedRow], results: list[RowResult]) -> None:
+    """Add a prepared row's request to the engine, or its error outputs to `results`."""
+    if row.error is not None or row.token_ids is None or row.params is None:
+        results.append(RowResult(row, _error_outputs(row, row.error or RowError("internal", "no tokens"))))
+        return
+    try:
+        request_id = engine.add_request(list(row.token_ids), row.params.with_seed(row.seed), score_from=row.score_from)
+    except ValueError as exc:
+        results.append(RowResult(row, _error_outputs(row, request_error(exc))))
+        return
+    in_flight[request_id] = row
+
+
+def _finished_rows(
+    engine: LLMEngine,
+    finished: list[RequestOutput],
+    in_flight: dict[int, PreparedRow],
+    options: PipelineOptions,
+    stats: PipelineStats,
+) -> list[RowResult]:
+    """The finished requests' rows, recorded in the timeline."""
+    done = []
+    for out in finished:
+        row = in_flight.pop(out.request_id)
+        count_structured(stats.structured_outputs, out)
+        done.append(RowResult(row, _success_outputs(row, out, options)))
+    engine.timeline.record_rows(now=engine.clock(), num_ok=len(done), num_error=0)
+    return done
+
+
+@dataclass(slots=True)
+class _Feed:
+    """The engine loop's rows: `in_flight` by request id, `pending` (next row last) not added yet,
+    `exhausted` once the stream has ended."""
+
+    in_flight: dict[int, PreparedRow]
+    pending: list[PreparedRow]
+    target: int
+    exhausted: bool = False
+
+    def refill(self, engine: LLMEngine, results: list[RowResult]) -> None:
+        """Add pending rows while fewer than `target` are in flight (error rows go to `results`
+        and the timeline)."""
+        errors: list[RowResult] = []
+        in_flight, pending, target = self.in_flight, self.pending, self.target
+        while len(in_flight) < target and pending:
+            _add_row(engine, pending.pop(), in_flight, errors)
+        if errors:
+            engine.timeline.record_rows(now=engine.clock(), num_ok=0, num_error=len(errors))
+            results += errors
+
+
+def _steps_with_refill(
+    engine: LLMEngine, feed: _Feed, options: PipelineOptions, stats: PipelineStats, max_steps: int
+) -> list[RowResult]:
+    """Rows wait for finishes (a simulation): step, and after each step that finishes requests
+    take in their rows and add pending ones up to the target, all on the engine thread. Returns
+    after `max_steps` steps, when the engine runs dry, or when the pending rows run out before the
+    target (the event loop fetches more). The event loop would have done the same between two
+    hand-offs, so the schedule does not change; the hand-off per finish does."""
+    results: list[RowResult] = []
     for _ in range(max_steps):
         finished = engine.step()
-        if finished or not engine.has_unfinished():
+        if finished:
+            results += _finished_rows(engine, finished, feed.in_flight, options, stats)
+            if not _REFILL_ON_ENGINE_THREAD:
+                break
+            feed.refill(engine, results)
+            if len(feed.in_flight) < feed.target and not feed.exhausted:
+                break
+        if not engine.has_unfinished():
             break
-    return finished
+    return results
 
 
 async def _engine_loop(
@@ -312,69 +382,54 @@ async def _engine_loop(
 ) -> None:
     """Feed the engine from the stream, step it on the engine thread, emit finished rows
     (counting the structured-output ones in `stats`)."""
-    in_flight: dict[int, PreparedRow] = {}
-    pending: list[PreparedRow] = []
-    step: Callable[[], list[RequestOutput]] = engine.step
-    if options.wait_for_rows:
-        # Rows are added only when a request finishes (the queue is full, or no row is left),
-        # so the steps up to the next finish need nothing from this loop: they run in one
-        # hand-off to the engine thread (a simulation's steps take microseconds).
-        step = functools.partial(_steps_to_next_finish, engine, _MAX_STEPS_PER_HANDOFF)
     # Enough queued work for the scheduler to fill its budget; the rest waits in the stream.
-    target = max(64, 2 * engine.max_num_seqs)
-    exhausted = False
+    feed = _Feed({}, [], max(64, 2 * engine.max_num_seqs))
+    in_flight = feed.in_flight
+    if options.wait_for_rows:
+        # Rows are added only when a request finishes (the queue is full, or no row is left), so
+        # many steps run in one hand-off to the engine thread (a simulation's steps take
+        # microseconds), adding the waiting rows there as requests finish.
+        step: Callable[[], list[RowResult]] = functools.partial(
+            _steps_with_refill, engine, feed, options, stats, _MAX_STEPS_PER_HANDOFF
+        )
+    else:
+        step = functools.partial(_one_step, engine, feed, options, stats)
     async with recv, send:
         while True:
             results: list[RowResult] = []
-            while len(in_flight) < target:
-                if not pending:
-                    if exhausted:
-                        break
-                    try:
-                        pending = list(reversed(recv.receive_nowait()))
-                    except anyio.WouldBlock:
-                        if in_flight and not options.wait_for_rows:
-                            break
-                        try:
-                            pending = list(reversed(await recv.receive()))
-                        except anyio.EndOfStream:
-                            exhausted = True
-                            break
-                    except anyio.EndOfStream:
-                        exhausted = True
-                        break
-                    continue
-                row = pending.pop()
-                if row.error is not None or row.token_ids is None or row.params is None:
-                    results.append(RowResult(row, _error_outputs(row, row.error or RowError("internal", "no tokens"))))
+            while len(in_flight) < feed.target and not feed.exhausted:
+                if feed.pending:
+                    feed.refill(engine, results)
                     continue
                 try:
-                    request_id = engine.add_request(
-                        list(row.token_ids), row.params.with_seed(row.seed), score_from=row.score_from
-                    )
-                except ValueError as exc:
-                    results.append(RowResult(row, _error_outputs(row, request_error(exc))))
-                    continue
-                in_flight[request_id] = row
+                    feed.pending = list(reversed(recv.receive_nowait()))
+                except anyio.WouldBlock:
+                    if in_flight and not options.wait_for_rows:
+                        break
+                    try:
+                        feed.pending = list(reversed(await recv.receive()))
+                    except anyio.EndOfStream:
+                        feed.exhausted = True
+                except anyio.EndOfStream:
+                    feed.exhausted = True
             if results:
-                engine.timeline.record_rows(now=engine.clock(), num_ok=0, num_error=len(results))
                 await send.send(results)
             if not in_flight:
-                if exhausted and not pending:
+                if feed.exhausted and not feed.pending:
                     return
                 continue
             # An anyio worker waits for the step, so the event loop stays free meanwhile.
-            finished = await anyio.to_thread.run_sync(engine_thread.submit(step).result)
+            done = await anyio.to_thread.run_sync(engine_thread.submit(step).result)
             s = engine.stats()
             progress.engine(s.generation_tokens, s.cached_prompt_tokens / max(1, s.prompt_tokens))
-            if finished:
-                done = []
-                for out in finished:
-                    row = in_flight.pop(out.request_id)
-                    count_structured(stats.structured_outputs, out)
-                    done.append(RowResult(row, _success_outputs(row, out, options)))
-                engine.timeline.record_rows(now=engine.clock(), num_ok=len(done), num_error=0)
+            if done:
                 await send.send(done)
+
+
+def _one_step(engine: LLMEngine, feed: _Feed, options: PipelineOptions, stats: PipelineStats) -> list[RowResult]:
+    """One step (a run: rows are added between steps as they come); the finished rows."""
+    finished = engine.step()
+    return _finished_rows(engine, finished, feed.in_flight, options, stats) if finished else []
 
 
 def run_pipeline_sync(

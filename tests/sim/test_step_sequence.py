@@ -10,8 +10,10 @@ that they hold chunked prefills, prefix-cache hits, recompute preemptions and (n
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pyarrow as pa
@@ -44,11 +46,15 @@ def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_tiny_hf_folder(tmp_path_factory.mktemp("tiny"), num_heads=4, num_kv_heads=2, hidden_size=64)
 
 
-def _config(tmp: Path, model: Path, *, sampling: dict[str, Any], engine: dict[str, Any] | None = None) -> JobConfig:
-    for path in make_prompt_shards(tmp / "data", num_shards=2, rows_per_shard=12):
-        # each row its own max_tokens (3 to 14): samples end at different steps
+def _config(tmp: Path, model: Path, *, sampling: dict[str, Any], engine: dict[str, Any] | None = None,
+            num_shards: int = 2, rows_per_shard: int = 12, window_rows: int = 1024,
+            bad_every: int = 0) -> JobConfig:
+    for path in make_prompt_shards(tmp / "data", num_shards=num_shards, rows_per_shard=rows_per_shard):
+        # each row its own max_tokens (3 to 14): samples end at different steps; with
+        # `bad_every`, every so many rows ask for 0 tokens (an error row)
         table = pq.read_table(path)
-        limits = [{"max_tokens": 3 + (row_id * 5) % 12} for row_id in table.column("id").to_pylist()]
+        limits = [{"max_tokens": 0 if bad_every and row_id % bad_every == 3 else 3 + (row_id * 5) % 12}
+                  for row_id in table.column("id").to_pylist()]
         pq.write_table(table.append_column("sp", pa.array(limits, pa.struct([("max_tokens", pa.int32())]))), path)
     data = {
         "model": str(model),
@@ -60,7 +66,7 @@ def _config(tmp: Path, model: Path, *, sampling: dict[str, Any], engine: dict[st
         # budget of 24 tokens: prompts in chunks; one window (the real feed is deterministic).
         "engine": {"max_num_seqs": 6, "max_num_batched_tokens": 24, "num_kv_blocks": 10,
                    "max_model_len": 128, "admission_reserve_tokens": 0, "device": "cpu", **(engine or {})},
-        "window_rows": 1024,
+        "window_rows": window_rows,
         "report": False,
     }
     return job_config_from_dict(data, source=tmp / "job.yaml", base_dir=tmp)
@@ -184,8 +190,9 @@ def test_the_comparison_sees_a_different_schedule(tmp_path: Path, model: Path, m
 
 def test_steps_handed_off_in_runs_make_the_same_schedule(tmp_path: Path, model: Path,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    # A simulation runs the steps up to the next finished request in one hand-off to the engine
-    # thread; one step per hand-off (a real run's way) must give the same steps.
+    # A simulation runs many steps in one hand-off to the engine thread and adds the waiting
+    # rows there as requests finish; one step per hand-off with the rows added on the event loop
+    # (a real run's way) must give the same steps and the same timeline.
     from batchgen.engine.step_thread import StepThread
 
     config = _config(tmp_path, model, sampling={"max_tokens": 7, "temperature": 1.0, "ignore_eos": True})
@@ -200,8 +207,56 @@ def test_steps_handed_off_in_runs_make_the_same_schedule(tmp_path: Path, model: 
     batched, _ = _simulated(monkeypatch, config, MaxTokens(_filler(config)), with_tokens=True)
     num_batched_submits = len(submits)
     monkeypatch.setattr("batchgen.job.pipeline._MAX_STEPS_PER_HANDOFF", 1)
+    monkeypatch.setattr("batchgen.job.pipeline._REFILL_ON_ENGINE_THREAD", False)
     submits.clear()
     single, _ = _simulated(monkeypatch, config, MaxTokens(_filler(config)), with_tokens=True)
     assert batched == single
     assert len(submits) == len(single)  # one step each
     assert num_batched_submits < len(batched) // 2
+
+
+def test_rows_added_on_the_engine_thread_make_the_same_simulation(tmp_path: Path, model: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    # More rows than the engine loop keeps in flight (64), in windows of 16, some of them error
+    # rows: the engine thread adds waiting rows as requests finish and hands back when a window
+    # runs out. Steps, timeline and summary equal those of one step per hand-off with the rows
+    # added on the event loop (a real run's way).
+    from batchgen.engine.step_thread import StepThread
+
+    config = _config(tmp_path, model, sampling={"max_tokens": 7, "temperature": 1.0, "ignore_eos": True},
+                     num_shards=3, rows_per_shard=50, window_rows=16, bad_every=7)
+    submits: list[int] = []
+    real_submit = StepThread.submit
+
+    def counted(self: StepThread, fn: Callable[[], Any]) -> Any:
+        submits.append(1)
+        return real_submit(self, fn)
+
+    def simulated() -> tuple[list[Step], Any]:
+        steps: list[Step] = []
+        with monkeypatch.context() as m:
+            m.setattr("batchgen.sim.engine.LLMEngine", _recording(steps, with_tokens=True))
+            m.setattr(StepThread, "submit", counted)
+            # The simulated clock starts at the wall clock's time: the same start for both.
+            m.setattr("batchgen.sim.job.time", SimpleNamespace(time=lambda: 1.0e9, perf_counter=time.perf_counter))
+            hardware = dataclasses.replace(load_hardware("h100-sxm"), kv_committed_on_write=True)
+            result = simulate_job(config, model=load_sim_model(config.model), hardware=hardware,
+                                  tokens=MaxTokens(_filler(config)), token_source="test", use_tqdm=False)
+        summary = {k: v for k, v in result.summary.items() if k != "run"}
+        summary["simulated"] = {k: v for k, v in summary["simulated"].items()
+                                if k not in ("simulation_s", "rows_per_s_simulated")}
+        return steps, (summary, result.timeline.drop_columns(["run_id"]).to_pylist())
+
+    refilled, refilled_out = simulated()
+    num_refilled_submits = len(submits)
+    monkeypatch.setattr("batchgen.job.pipeline._MAX_STEPS_PER_HANDOFF", 1)
+    monkeypatch.setattr("batchgen.job.pipeline._REFILL_ON_ENGINE_THREAD", False)
+    submits.clear()
+    single, single_out = simulated()
+    assert refilled == single
+    assert refilled_out == single_out
+    summary, timeline = single_out
+    assert summary["rows"]["total"] == 150 and summary["rows"]["by_status"]["error"] >= 15
+    assert sum(r["error_rows"] for r in timeline) == summary["rows"]["by_status"]["error"]
+    assert len(submits) == len(single)  # one step each
+    assert num_refilled_submits < len(single) // 4
