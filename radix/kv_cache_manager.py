@@ -54,6 +54,11 @@ class ForkResult:
     copy: BlockCopy | None
 
 
+
+def _no_table(seq_id: object) -> KeyError:
+    return KeyError(f"seq_id {seq_id} has no block table")
+
+
 class KVCacheManager:
     """Block tables over a ``BlockPool`` with an optional radix prefix cache."""
 
@@ -119,13 +124,13 @@ class KVCacheManager:
         """Block ids of ``seq_id``, in token order; KeyError when it has no table."""
         frozen = self._table_tuples.get(seq_id)
         if frozen is None:
-            raise KeyError(f"seq_id {seq_id} has no block table")
+            raise _no_table(seq_id)
         return frozen
 
     def _table(self, seq_id: int) -> list[int]:
         table = self._block_tables.get(seq_id)
         if table is None:
-            raise KeyError(f"seq_id {seq_id} has no block table")
+            raise _no_table(seq_id)
         return table
 
     def match_prefix(self, token_ids: Sequence[int]) -> CacheMatch:
@@ -229,7 +234,7 @@ class KVCacheManager:
             short = [i for i, (seq_id, n) in enumerate(zip(seq_ids, num_tokens, strict=True))
                      if not 0 <= n <= len(kept[seq_id]) * size]
         except KeyError as exc:
-            raise KeyError(f"seq_id {exc.args[0]} has no block table") from None
+            raise _no_table(exc.args[0]) from None
         for i in short:
             if not self.allocate(seq_ids[i], num_tokens[i]):
                 return i
@@ -308,7 +313,7 @@ class KVCacheManager:
         try:
             return tuple([kept[seq_id] for seq_id in seq_ids])
         except KeyError as exc:
-            raise KeyError(f"seq_id {exc.args[0]} has no block table") from None
+            raise _no_table(exc.args[0]) from None
 
     def _is_chain_link(self, table: list[int], block_idx: int) -> bool:
         block_id = table[block_idx]
@@ -374,7 +379,7 @@ class KVCacheManager:
         """
         table = self._block_tables.pop(seq_id, None)
         if table is None:
-            raise KeyError(f"seq_id {seq_id} has no block table")
+            raise _no_table(seq_id)
         del self._num_cached_blocks[seq_id]
         self._table_tuples.pop(seq_id, None)
         for block_id in reversed(table):

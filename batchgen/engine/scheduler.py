@@ -256,9 +256,10 @@ class Scheduler:
         # more; the others are counted exactly.
         reserve = 0
         exact = True
-        if watermark and self._waiting and len(self._running) < self._config.max_num_seqs and not self._bound_reserve:
+        reserving = watermark and self._waiting and len(self._running) < self._config.max_num_seqs
+        if reserving and not self._bound_reserve:
             reserve = self._exact_reserve(len(self._running), planned, planned_ones)
-        elif watermark and self._waiting and len(self._running) < self._config.max_num_seqs:
+        elif reserving:
             per_one = self._one_token_reserve_bound()
             blocks_ahead = self._blocks_ahead
             num_ones = 0
