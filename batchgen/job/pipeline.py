@@ -61,18 +61,23 @@ _YOUNG_COLLECTION_THRESHOLD = 50_000
 _gc_lock = threading.Lock()
 _gc_users = 0
 _gc_saved: tuple[int, int, int] = (700, 10, 10)
+_gc_froze = False
 
 
 @contextlib.contextmanager
 def _fewer_collections() -> Iterator[None]:
     """Raise the young generation's threshold and freeze the objects alive now (the model, the
-    tokenizer) out of full collections, until the last pipeline running in this process ends."""
-    global _gc_users, _gc_saved
+    tokenizer) out of full collections, until the last pipeline running in this process ends.
+    A process that froze objects itself keeps them frozen and nothing more is frozen (unfreezing
+    cannot tell its objects from ours)."""
+    global _gc_users, _gc_saved, _gc_froze
     with _gc_lock:
         _gc_users += 1
         if _gc_users == 1:
             _gc_saved = gc.get_threshold()
-            gc.freeze()
+            _gc_froze = gc.get_freeze_count() == 0
+            if _gc_froze:
+                gc.freeze()
             gc.set_threshold(max(_gc_saved[0], _YOUNG_COLLECTION_THRESHOLD), _gc_saved[1], _gc_saved[2])
     try:
         yield
@@ -81,7 +86,8 @@ def _fewer_collections() -> Iterator[None]:
             _gc_users -= 1
             if _gc_users == 0:
                 gc.set_threshold(*_gc_saved)
-                gc.unfreeze()
+                if _gc_froze:
+                    gc.unfreeze()
 
 
 @dataclass(frozen=True, slots=True)

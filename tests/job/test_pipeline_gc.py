@@ -37,6 +37,17 @@ def test_restored_when_the_pipeline_fails() -> None:
     assert gc.get_threshold() == before and gc.get_freeze_count() == 0
 
 
+def test_objects_the_process_froze_stay_frozen() -> None:
+    gc.freeze()
+    try:
+        frozen = gc.get_freeze_count()
+        with _fewer_collections():
+            assert gc.get_threshold()[0] == _YOUNG_COLLECTION_THRESHOLD
+        assert gc.get_freeze_count() > frozen // 2  # still frozen (a frozen object may have been freed)
+    finally:
+        gc.unfreeze()
+
+
 def test_an_engine_steps_with_the_raised_threshold(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     model = make_tiny_hf_folder(tmp_path / "model", num_heads=4, num_kv_heads=2, hidden_size=64)
     seen: list[int] = []
