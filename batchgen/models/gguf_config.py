@@ -45,7 +45,7 @@ from batchgen.models.gguf_tensors import PERMUTED_QK_ARCHITECTURES
 if TYPE_CHECKING:
     from pathlib import Path
 
-    import gguf
+    from batchgen.tokenizer.gguf_vocab import GGUFSource
 
 __all__ = ["GGUF_ARCHITECTURES", "GGUFMetadata", "gguf_architecture", "read_gguf_config"]
 
@@ -90,7 +90,7 @@ _NEUTRAL: dict[str, tuple[object, ...]] = {
 class GGUFMetadata:
     """`{arch}.*` metadata of one file, with a record of the feature keys read."""
 
-    def __init__(self, reader: gguf.GGUFReader, path: Path, arch: str) -> None:
+    def __init__(self, reader: GGUFSource, path: Path, arch: str) -> None:
         self.reader = reader
         self.path = path
         self.arch = arch
@@ -148,7 +148,7 @@ class GGUFMetadata:
                 )
 
 
-def gguf_architecture(reader: gguf.GGUFReader, path: Path) -> str:
+def gguf_architecture(reader: GGUFSource, path: Path) -> str:
     """`general.architecture`; ValueError naming the file, it and the supported ones."""
     field = reader.fields.get("general.architecture")
     arch = None if field is None else field.contents()
@@ -161,7 +161,7 @@ def gguf_architecture(reader: gguf.GGUFReader, path: Path) -> str:
 
 
 def read_gguf_config(
-    reader: gguf.GGUFReader, path: Path, *, tokenizer_vocab_size: int | None = None
+    reader: GGUFSource, path: Path, *, tokenizer_vocab_size: int | None = None
 ) -> ModelConfig:
     """ModelConfig from the file's metadata and tensor list (module docstring).
 
@@ -219,7 +219,7 @@ def read_gguf_config(
     return ModelConfig(**fields)
 
 
-def _special_tokens(reader: gguf.GGUFReader) -> dict[str, Any]:
+def _special_tokens(reader: GGUFSource) -> dict[str, Any]:
     def token(key: str) -> int | None:
         field = reader.fields.get(f"tokenizer.ggml.{key}")
         return None if field is None else int(field.contents())

@@ -20,6 +20,7 @@ from batchgen.engine.config import EngineConfigs
 from batchgen.engine.llm_engine import LLMEngine
 from batchgen.models.checkpoint import Checkpoint, default_model_path
 from batchgen.models.config import ModelConfig
+from batchgen.models.gguf_header import GGUFHeader
 from batchgen.models.gguf_loader import read_gguf_config
 from batchgen.sim.cost import CostModel, ModelShape, kv_pool_blocks
 from batchgen.sim.hardware import HardwareProfile
@@ -61,9 +62,9 @@ def _read_model(model: str | None) -> tuple[ModelConfig, Tokenizer, Path]:
             raise FileNotFoundError(f"{config_file}: not found; a Hugging Face model folder needs config.json")
         return _read_config_json(config_file), Tokenizer.from_hf_folder(path), path
     if path.is_file() and path.suffix.lower() == ".gguf":
-        import gguf
-
-        reader = gguf.GGUFReader(path)
+        # The header alone: a GGUFReader would build numpy views of every vocabulary string
+        # (about 5 s for the built-in model); no weight is read here.
+        reader = GGUFHeader(path)
         tokens = reader.fields.get("tokenizer.ggml.tokens")
         vocab = None if tokens is None else len(tokens.contents())
         return read_gguf_config(reader, path, tokenizer_vocab_size=vocab), Tokenizer.from_gguf(reader), path

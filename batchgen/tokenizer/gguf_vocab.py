@@ -19,8 +19,9 @@ Imports `tokenizers` and `gguf_spm`; no torch, nothing else of batchgen.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from tokenizers import AddedToken, Regex, decoders, pre_tokenizers, processors
 from tokenizers import Tokenizer as _Backend
@@ -28,10 +29,19 @@ from tokenizers.models import BPE
 
 from batchgen.tokenizer.gguf_spm import TOKEN_TYPE_NORMAL, spm_backend
 
-if TYPE_CHECKING:
-    import gguf
+__all__ = ["GGUFSource", "GgufTokenizer", "gguf_tokenizer"]
 
-__all__ = ["GgufTokenizer", "gguf_tokenizer"]
+
+class GGUFSource(Protocol):
+    """What the config and tokenizer readers use of a GGUF file: `gguf.GGUFReader`, or
+    `batchgen.models.gguf_header.GGUFHeader` (the metadata alone, read fast). `fields[key]` has
+    `contents()`; each of `tensors` has a `name`."""
+
+    @property
+    def fields(self) -> Mapping[str, Any]: ...
+
+    @property
+    def tensors(self) -> Sequence[Any]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,7 +114,7 @@ def _bytes_to_unicode() -> dict[int, str]:
     return table
 
 
-def _gguf_field(reader: gguf.GGUFReader, key: str) -> Any:
+def _gguf_field(reader: GGUFSource, key: str) -> Any:
     field = reader.fields.get(key)
     return None if field is None else field.contents()
 
@@ -135,7 +145,7 @@ def _post_processor(
     return processors.TemplateProcessing(single=single, pair=pair, special_tokens=special_tokens)
 
 
-def _byte_level_backend(reader: gguf.GGUFReader, tokens: list[str], where: str) -> _Backend:
+def _byte_level_backend(reader: GGUFSource, tokens: list[str], where: str) -> _Backend:
     """Byte-level BPE from the file's merges, split as `tokenizer.ggml.pre` says."""
     merges = _gguf_field(reader, "tokenizer.ggml.merges")
     if not merges:
@@ -177,7 +187,7 @@ def _byte_level_backend(reader: gguf.GGUFReader, tokens: list[str], where: str) 
 
 
 def _spm_backend(
-    reader: gguf.GGUFReader, tokens: list[str], token_types: list[int], where: str
+    reader: GGUFSource, tokens: list[str], token_types: list[int], where: str
 ) -> _Backend:
     """SentencePiece BPE from the file's scores (`gguf_spm`); the unknown piece is the one
     `unknown_token_id` names, else the one typed unknown."""
@@ -207,12 +217,12 @@ def _spm_backend(
     )
 
 
-def gguf_tokenizer(reader: gguf.GGUFReader) -> GgufTokenizer:
+def gguf_tokenizer(reader: GGUFSource) -> GgufTokenizer:
     """Build the backend from `reader`'s metadata. Raises ValueError naming the key for an
     unsupported tokenizer model, missing tokens/merges/scores or an out-of-range special token
     id."""
-    source = getattr(reader, "data", None)
-    where = f"{getattr(source, 'filename', 'GGUF file')}"
+    source = getattr(reader, "data", None)  # a GGUFReader's memory map
+    where = f"{getattr(source, 'filename', None) or getattr(reader, 'path', None) or 'GGUF file'}"
     model = _gguf_field(reader, "tokenizer.ggml.model")
     if model not in ("gpt2", "llama"):
         raise ValueError(

@@ -17,15 +17,12 @@ import hashlib
 import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from tokenizers import Tokenizer as _Backend
 
 from batchgen.tokenizer.chat_options import ChatOptions, render_chat
-from batchgen.tokenizer.gguf_vocab import gguf_tokenizer
-
-if TYPE_CHECKING:
-    import gguf
+from batchgen.tokenizer.gguf_vocab import GGUFSource, gguf_tokenizer
 
 __all__ = ["Tokenizer"]
 
@@ -166,7 +163,7 @@ class Tokenizer:
         )
 
     @classmethod
-    def from_gguf(cls, reader: gguf.GGUFReader) -> Tokenizer:
+    def from_gguf(cls, reader: GGUFSource) -> Tokenizer:
         """Build from `tokenizer.ggml.*` metadata (module docstring).
 
         `tokenizer.ggml.model` must be `gpt2` (byte-level BPE) or `llama` (SentencePiece BPE);
