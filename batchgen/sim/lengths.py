@@ -49,6 +49,9 @@ __all__ = [
 
 _MASK64 = (1 << 64) - 1
 
+# A length distribution keeps at most this many samples' lengths (the running ones are asked).
+_MAX_KEPT_LENGTHS = 65_536
+
 # Past this many recorded token ids in all, a replay keeps lengths only (bounded memory).
 _MAX_RECORDED_TOKENS = 20_000_000
 
@@ -155,12 +158,16 @@ class LengthDistribution:
         self._lengths = tuple(int(n) for n in lengths)
         self._filler = filler
         self._eos = eos
-        self._by_seed: dict[int, int] = {}  # asked once a token: kept (a few bytes a sample)
+        # Asked once a token, so kept; a length is a function of its seed, so the dict is
+        # emptied when it holds `_MAX_KEPT_LENGTHS` (a million-row job's samples would stay).
+        self._by_seed: dict[int, int] = {}
 
     def length(self, seed: int) -> int:
         length = self._by_seed.get(seed)
         if length is None:
             length = self._lengths[xxhash.xxh64_intdigest(seed.to_bytes(8, "little")) % len(self._lengths)]
+            if len(self._by_seed) >= _MAX_KEPT_LENGTHS:
+                self._by_seed.clear()
             self._by_seed[seed] = length
         return length
 

@@ -135,3 +135,19 @@ def test_bench_outputs_are_keyed_by_the_seeds_the_engine_gives_its_requests(tmp_
     # each request replays its recorded ids; bench outputs count as stopped: then EOS
     assert done == {0: (11, 12, 13, EOS), 1: (21, EOS), 2: (31, EOS)}
     assert tokens.num_unknown_seeds == 0
+
+
+def test_kept_lengths_are_bounded_and_the_draws_unchanged(filler: Filler, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A length is a function of its seed: emptying the kept ones (a million samples would stay)
+    # changes no draw.
+    seeds = [(s * 7919) % 10_007 for s in range(300)]
+    indices = [s % 9 for s in seeds]
+    unbounded = LengthDistribution([1, 2, 3, 9, 40], filler=filler, eos=EOS)
+    expected = ([unbounded.length(s) for s in seeds], unbounded.tokens(seeds, indices))
+    monkeypatch.setattr("batchgen.sim.lengths._MAX_KEPT_LENGTHS", 8)
+    bounded = LengthDistribution([1, 2, 3, 9, 40], filler=filler, eos=EOS)
+    for _ in range(2):
+        assert ([bounded.length(s) for s in seeds], bounded.tokens(seeds, indices)) == expected
+        assert [bounded.token(s, i) for s, i in zip(seeds, indices, strict=True)] == expected[1]
+    assert len(bounded._by_seed) <= 8
+    assert len(unbounded._by_seed) == len(set(seeds))
