@@ -54,7 +54,6 @@ class ForkResult:
     copy: BlockCopy | None
 
 
-
 def _no_table(seq_id: object) -> KeyError:
     return KeyError(f"seq_id {seq_id} has no block table")
 

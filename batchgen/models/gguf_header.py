@@ -73,13 +73,7 @@ class _Cursor:
         return int(value)
 
     def string(self) -> str:
-        n = self.u64()
-        end = self.pos + n
-        if end > len(self.buf):
-            raise struct.error(f"a string of {n} bytes runs past the end of the file")
-        text = self.buf[self.pos : end].decode("utf-8")
-        self.pos = end
-        return text
+        return self.strings(1)[0]
 
     def strings(self, count: int) -> list[str]:
         buf, u64, out = self.buf, self._u64, []
