@@ -3,8 +3,9 @@ grammar bitmasks (float32): a C++ extension built once by torch's extension tool
 
 `cpu_attention.cpp` reads K/V in place from the block pool (in its own layout: `cpu_kv_cache`)
 with an online softmax, parallel
-over (sequence, KV head, query tile) on torch's own OpenMP threads, with an AVX-512 tile path for
-prefill chunks (`cpu_attention_tile.h`) and decode rows in slices that read shared blocks once;
+over (sequence, KV head, query tile) on torch's own OpenMP threads, with a tile path for prefill
+chunks (`cpu_attention_tile.h`: AVX-512, or the same code over AVX2 halves, `cpu_vec16_avx2.h`)
+and decode rows in slices that read shared blocks once;
 see the comments there. The small ops of `cpu_small_ops.h` (RMSNorm with the residual add,
 rotary embedding, SiLU-and-multiply, KV write, argmax) each replace one or more PyTorch ops whose
 per-call cost dominates at decode sizes.
@@ -47,7 +48,7 @@ __all__ = [
 ]
 
 _SOURCE = Path(__file__).with_name("cpu_attention.cpp")
-_HEADERS = tuple(Path(__file__).with_name(n) for n in ("cpu_attention_tile.h", "cpu_small_ops.h"))
+_HEADERS = tuple(Path(__file__).with_name(n) for n in ("cpu_attention_tile.h", "cpu_small_ops.h", "cpu_vec16_avx2.h"))
 # No FMA contraction: the rotary embedding must round as the PyTorch path does (the attention
 # kernel writes its FMAs explicitly).
 _CFLAGS = ("-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-ffp-contract=off")

@@ -28,14 +28,16 @@
 // the GEMMs; each thread pulls the next item from an atomic counter, largest items first, since
 // sequence lengths differ widely within a batch.
 //
-// Prefill items (at least kMinTileRows query rows) take the AVX-512 tile path of
-// cpu_attention_tile.h where the CPU has AVX-512, block_size is 16 and head_dim a multiple of 16:
-// there the rows share each K/V block as a small GEMM. Other CPUs use run_item below.
+// Prefill items (at least kMinTileRows query rows) take the tile path of cpu_attention_tile.h
+// where the CPU has AVX-512, or AVX2 and FMA (16-lane vectors as two AVX2 halves,
+// cpu_vec16_avx2.h), block_size is 16 and head_dim a multiple of 16: there the rows share each
+// K/V block as a small GEMM. Other CPUs use run_item below.
 //
 // Decode sequences (one query token) run as slices of the batch sorted by block table
 // (run_decode_slice): sequences that share prefix blocks, as a multi-turn batch's do, read each
-// shared block once and compute it for all their rows. With AVX-512 the rows go through
-// tile16::decode_rows, up to 6 at a time, otherwise through run_item's per-row functions.
+// shared block once and compute it for all their rows. On the tile path's CPUs the rows go
+// through tile16::decode_rows, up to 6 at a time (3 with AVX2), otherwise through run_item's
+// per-row functions.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
@@ -62,23 +64,30 @@ struct ScoreRule {
   int64_t lo(int64_t pos) const { return has_window ? std::max<int64_t>(0, pos - window + 1) : 0; }
 };
 
-#if defined(__AVX512F__)
-#define BATCHGEN_TILE16 1
-#include "cpu_attention_tile.h"
-#elif defined(BATCHGEN_EMULATE_AVX512)
-// Test builds only: the AVX-512 paths on a CPU without AVX-512 (tests/kernels/test_attention_cpu_avx512.py).
+#if defined(BATCHGEN_EMULATE_AVX512)
+// Test builds only: the AVX-512 paths on a CPU without AVX-512 (tests/kernels/test_attention_cpu_variants.py).
 #define BATCHGEN_TILE16 1
 #include "avx512_emulation.h"
+#include "cpu_attention_tile.h"
+#elif defined(__AVX512F__) && !defined(BATCHGEN_TILE16_AVX2)
+#define BATCHGEN_TILE16 1
+#include "cpu_attention_tile.h"
+#elif defined(__AVX2__) && defined(__FMA__)
+// The same paths over pairs of AVX2 vectors (BATCHGEN_TILE16_AVX2: also on an AVX-512 CPU, the
+// test build of tests/kernels/test_attention_cpu_variants.py).
+#define BATCHGEN_TILE16 1
+#define BATCHGEN_TILE16_HALVES 1
+#include "cpu_vec16_avx2.h"
 #include "cpu_attention_tile.h"
 #endif
 
 namespace {
 
 constexpr int64_t kTileQ = 16;
-// The AVX-512 tile path's K/V transpose and loads are shared by all of an item's rows, so its
+// The tile path's K/V transpose and loads are shared by all of an item's rows, so its
 // items are larger (measured: 64 tokens beat 16, 32 and 128 on prefill over a cached prefix).
 constexpr int64_t kTileQWide = 64;
-// Items with at least this many query rows (prefill tiles) take the AVX-512 tile path.
+// Items with at least this many query rows (prefill tiles) take the tile path.
 constexpr int64_t kMinTileRows = 8;
 // How many runs ahead run_decode_slice asks for a block's lines into L2 (measured on decode
 // steps at batch 64 from memory: 2-6 alike, all faster than none).
@@ -446,14 +455,15 @@ void run_decode_slice(const int64_t* seqs, int64_t count, int64_t kv_head, const
 #if defined(BATCHGEN_TILE16)
     if (block_size == 16 && head_dim % 16 == 0) {
       // The run's rows (i * group .. j * group - 1, adjacent in acc, m and l) in chunks of up to
-      // 6 that see the same keys (a block can be the last, partial one of some sequences of the
-      // run, or hold the start of some one's window).
-      const float* qs[6];
-      float* accs[6];
+      // kDecodeRows that see the same keys (a block can be the last, partial one of some
+      // sequences of the run, or hold the start of some one's window).
+      constexpr int64_t kChunk = tile16::kDecodeRows;
+      const float* qs[kChunk];
+      float* accs[kChunk];
       int64_t chunk = 0, chunk_n = 0, chunk_first = 0, r0 = 0;
       for (int64_t r = i * group; r <= j * group; ++r) {
         const bool end = r == j * group;
-        if (chunk > 0 && (end || chunk == 6 || visible(r) != chunk_n || first(r) != chunk_first)) {
+        if (chunk > 0 && (end || chunk == kChunk || visible(r) != chunk_n || first(r) != chunk_first)) {
           tile16::decode_rows_n(chunk, qs, kt, vb, chunk_first, chunk_n, head_dim, rule, m + r0, l + r0, accs);
           chunk = 0;
         }

@@ -15,8 +15,10 @@
 // Requires block_size == 16 and head_dim % 16 == 0 (the dispatcher falls back otherwise).
 // Uses AVX-512F only (no DQ: masks and integer ops where DQ's float logic would be shorter).
 // cpu_attention.cpp includes it after defining ScoreRule (the scale, soft cap and window).
-// Test builds on CPUs without AVX-512 include an emulation of the intrinsics used here first
-// (tests/kernels/avx512_emulation.h declares them in namespace tile16, hiding the real ones).
+// On CPUs with AVX2 and FMA but no AVX-512, cpu_vec16_avx2.h is included first: it declares the
+// intrinsics used here in namespace tile16 over pairs of AVX2 vectors, hiding the real ones, and
+// the micro-tiles shrink to its 16 registers (kVectorRegisters). Test builds include a scalar
+// emulation the same way (tests/kernels/avx512_emulation.h).
 #pragma once
 
 #include <immintrin.h>
@@ -29,7 +31,17 @@
 
 namespace tile16 {
 
-constexpr int kRows = 12;  // query rows per score micro-tile (24 accumulators)
+// The micro-tiles are sized to the vector registers: 32 with AVX-512 (and its emulation), 16 where
+// one 16-lane vector is two AVX2 halves (cpu_vec16_avx2.h, which defines kVectorRegisters = 16).
+// A row's arithmetic does not depend on these sizes, only how many rows share each load.
+#if !defined(BATCHGEN_TILE16_HALVES)
+constexpr int kVectorRegisters = 32;
+#endif
+constexpr bool kWide = kVectorRegisters >= 32;
+constexpr int kRows = kWide ? 12 : 3;       // query rows per score micro-tile (2 accumulators each)
+constexpr int kPvRows = kWide ? 4 : 2;      // rows per P V pass in run
+constexpr int kPvColumns = kWide ? 4 : 2;   // 16-float columns per P V pass
+constexpr int kDecodeRows = kWide ? 6 : 3;  // decode rows per decode_rows call (4 accumulators each)
 
 // exp(x) for x <= 0, 16 lanes; the same polynomial as exp_neg in cpu_attention.cpp.
 inline __m512 exp_neg(__m512 x) {
@@ -140,11 +152,11 @@ inline void pv(float* const* acc, const float* alpha, const float* const* p, con
 template <int R>
 inline void pv_rows(float* const* acc, const float* alpha, const float* const* p, const float* const* vb,
                     const int64_t* counts, int64_t stride, int64_t head_dim) {
-  for (int64_t d0 = 0; d0 < head_dim; d0 += 64) {  // up to 4 columns (64 floats) per pass
+  for (int64_t d0 = 0; d0 < head_dim; d0 += 16 * kPvColumns) {  // up to kPvColumns columns per pass
     float* a[R];
     for (int r = 0; r < R; ++r) a[r] = acc[r] + d0;
     const float* v[2] = {vb[0] + d0, vb[1] + d0};
-    switch (std::min<int64_t>(4, (head_dim - d0) / 16)) {
+    switch (std::min<int64_t>(kPvColumns, (head_dim - d0) / 16)) {
       case 4: pv<R, 4>(a, alpha, p, v, counts, stride); break;
       case 3: pv<R, 3>(a, alpha, p, v, counts, stride); break;
       case 2: pv<R, 2>(a, alpha, p, v, counts, stride); break;
@@ -222,7 +234,7 @@ inline void decode_rows(const float* const* q, const float* kt, const float* vb,
   pv_rows<R>(acc, alpha, p_rows, v_halves, counts, head_dim, head_dim);
 }
 
-// decode_rows for a runtime row count 1 <= rows <= 6.
+// decode_rows for a runtime row count 1 <= rows <= kDecodeRows.
 inline void decode_rows_n(int64_t rows, const float* const* q, const float* kt, const float* vb, int64_t first,
                           int64_t n, int64_t head_dim, const ScoreRule& rule, float* m, float* l,
                           float* const* acc) {
@@ -340,11 +352,12 @@ void run(int64_t rows, const float* const* q_rows, const int64_t* pos, const int
       }
     }
     if (active > 0) flush(active);
-    int64_t r = 0;  // P V for every row, 4 at a time
-    for (; r + 4 <= rows; r += 4) {
-      float* a[4] = {acc + r * head_dim, acc + (r + 1) * head_dim, acc + (r + 2) * head_dim, acc + (r + 3) * head_dim};
-      const float* p[4] = {pbuf + r * S, pbuf + (r + 1) * S, pbuf + (r + 2) * S, pbuf + (r + 3) * S};
-      pv_rows<4>(a, alpha + r, p, vspan, counts, head_dim, head_dim);
+    int64_t r = 0;  // P V for every row, kPvRows at a time
+    for (; r + kPvRows <= rows; r += kPvRows) {
+      float* a[kPvRows];
+      const float* p[kPvRows];
+      for (int i = 0; i < kPvRows; ++i) a[i] = acc + (r + i) * head_dim, p[i] = pbuf + (r + i) * S;
+      pv_rows<kPvRows>(a, alpha + r, p, vspan, counts, head_dim, head_dim);
     }
     for (; r < rows; ++r) {
       float* a[1] = {acc + r * head_dim};
