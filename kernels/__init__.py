@@ -30,6 +30,7 @@ from .linear_cpu import (
     linear,
     pack_linear_weight,
     packed_linear_library,
+    packing_libraries,
 )
 from .metadata import AttentionMetadata
 from .token_bitmask import unpack_bitmask
@@ -48,6 +49,7 @@ __all__ = [
     "new_kv_cache",
     "pack_linear_weight",
     "packed_linear_library",
+    "packing_libraries",
     "paged_attention",
     "prepare_backend",
     "release_openmp_threads",

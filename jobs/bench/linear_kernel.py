@@ -16,7 +16,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from batchgen.kernels.linear_cpu import linear, pack_linear_weight, packed_linear_library
+from batchgen.kernels.linear_cpu import linear, pack_linear_weight, packing_libraries
 
 LAYERS = 30
 SHAPES = {"qkv": (960, 576), "o_proj": (576, 576), "gate_up": (3072, 576), "down": (576, 1536), "lm_head": (49152, 576)}
@@ -31,9 +31,7 @@ def main() -> None:
     gen = torch.Generator().manual_seed(0)
     plain = {n: [torch.randn(*s, generator=gen) for _ in range(1 if n == "lm_head" else LAYERS)] for n, s in SHAPES.items()}
     variants: dict[str, dict[str, list]] = {"F.linear": plain}  # type: ignore[type-arg]
-    library = packed_linear_library()
-    libraries = ["mkl", "onednn"] if library == "mkl" else [library] if library else []
-    for lib in libraries:
+    for lib in packing_libraries():
         variants[lib] = {n: [pack_linear_weight(w, lib) for w in ws] for n, ws in plain.items()}
     for rows in args.rows:
         best = dict.fromkeys(variants, 0.0)

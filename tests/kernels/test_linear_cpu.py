@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -10,15 +12,18 @@ from batchgen.kernels import (
     PackedLinear,
     bf16_linear_supported,
     linear,
+    linear_cpu,
     pack_linear_weight,
     packed_linear_library,
+    packing_libraries,
 )
 from batchgen.models.checkpoint import load_checkpoint
 from batchgen.models.llama import LlamaModel
 
 needs_packing = pytest.mark.skipif(packed_linear_library() is None, reason="torch built without MKL or oneDNN")
-needs_mkl = pytest.mark.skipif(packed_linear_library() != "mkl", reason="torch built without MKL's packed sgemm")
-LIBRARIES = [pytest.param("mkl", marks=needs_mkl), pytest.param("onednn", marks=needs_packing)]
+needs_mkl = pytest.mark.skipif("mkl" not in packing_libraries(), reason="torch built without MKL's packed sgemm")
+needs_onednn = pytest.mark.skipif("onednn" not in packing_libraries(), reason="torch built without oneDNN")
+LIBRARIES = [pytest.param("mkl", marks=needs_mkl), pytest.param("onednn", marks=needs_onednn)]
 
 
 @pytest.mark.parametrize("library", LIBRARIES)
@@ -65,6 +70,36 @@ def test_plain_weights_take_f_linear() -> None:
 def test_pack_rejects_other_dtypes_and_shapes(weight: torch.Tensor) -> None:
     with pytest.raises(ValueError, match="2-D float32 CPU"):
         pack_linear_weight(weight)
+
+
+@pytest.mark.parametrize(
+    ("vendor", "found", "chosen"),
+    [
+        ("GenuineIntel", ("mkl", "onednn"), "mkl"),
+        ("AuthenticAMD", ("mkl", "onednn"), "onednn"),
+        ("", ("mkl", "onednn"), "onednn"),  # ARM, or no /proc/cpuinfo
+        ("GenuineIntel", ("onednn",), "onednn"),
+        ("AuthenticAMD", ("mkl",), "mkl"),
+        ("GenuineIntel", (), None),
+    ],
+)
+def test_the_packer_is_mkl_on_intel_and_onednn_elsewhere(
+    monkeypatch: pytest.MonkeyPatch, vendor: str, found: tuple[str, ...], chosen: str | None
+) -> None:
+    monkeypatch.setattr(linear_cpu, "cpu_vendor", lambda: vendor)
+    monkeypatch.setattr(linear_cpu, "packing_libraries", lambda: found)
+    linear_cpu.packed_linear_library.cache_clear()
+    try:
+        assert linear_cpu.packed_linear_library() == chosen
+    finally:
+        linear_cpu.packed_linear_library.cache_clear()
+
+
+def test_cpu_vendor_reads_this_machine() -> None:
+    expected = ""
+    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
+        expected = next((line.split(":", 1)[1].strip() for line in f if line.startswith("vendor_id")), "")
+    assert linear_cpu.cpu_vendor() == expected
 
 
 def test_pack_rejects_an_unknown_library() -> None:
