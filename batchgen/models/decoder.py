@@ -7,8 +7,8 @@ that sample, the output projection and an optional final soft cap. Projections, 
 run over all of a step's tokens together; attention reads each sequence's K/V through its block
 table (batchgen.kernels). The KV pool tensors are owned by the runner and passed in.
 
-On CPU in float32 the projections run with weights packed once (MKL's packed sgemm,
-kernels/linear_cpu.py); the "torch" backend keeps F.linear, the reference path. When a model
+On CPU in float32 the projections run with weights packed once (MKL's packed sgemm on Intel
+CPUs, oneDNN's on others; kernels/linear_cpu.py); the "torch" backend keeps F.linear, the reference path. When a model
 cannot take a backend's fast path, `fast_path_notes` says why, and the notice is logged once,
 at load (logger "batchgen.models").
 
