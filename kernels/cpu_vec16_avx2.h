@@ -112,20 +112,21 @@ inline __m512 _mm512_maskz_mul_ps(__mmask16 k, __m512 a, __m512 b) {
 inline __m512 _mm512_mask_sub_ps(__m512 src, __mmask16 k, __m512 a, __m512 b) {
   return _mm512_mask_blend_ps(k, src, _mm512_sub_ps(a, b));
 }
-// GCC's tree: hi + lo (16 -> 8), then the upper and lower 128 bits (8 -> 4), then 4 -> 2 -> 1.
-inline float _mm512_reduce_add_ps(__m512 a) {
-  const __m256 x8 = _mm256_add_ps(a.hi, a.lo);
-  __m128 x = _mm_add_ps(_mm256_extractf128_ps(x8, 1), _mm256_castps256_ps128(x8));
-  x = _mm_add_ps(_mm_movehl_ps(x, x), x);
-  x = _mm_add_ss(_mm_movehdup_ps(x), x);
+// GCC's tree: hi + lo (16 -> 8), then the upper and lower 128 bits (8 -> 4), then 4 -> 2 -> 1;
+// `wide` and `narrow` are one operation (add or max) on 8 and on 4 lanes.
+template <class Wide, class Narrow>
+inline float reduce(__m512 a, Wide wide, Narrow narrow) {
+  const __m256 x8 = wide(a.hi, a.lo);
+  __m128 x = narrow(_mm256_extractf128_ps(x8, 1), _mm256_castps256_ps128(x8));
+  x = narrow(_mm_movehl_ps(x, x), x);
+  x = narrow(_mm_movehdup_ps(x), x);
   return _mm_cvtss_f32(x);
 }
+inline float _mm512_reduce_add_ps(__m512 a) {
+  return reduce(a, [](__m256 h, __m256 l) { return _mm256_add_ps(h, l); }, [](__m128 h, __m128 l) { return _mm_add_ps(h, l); });
+}
 inline float _mm512_reduce_max_ps(__m512 a) {
-  const __m256 x8 = _mm256_max_ps(a.hi, a.lo);
-  __m128 x = _mm_max_ps(_mm256_extractf128_ps(x8, 1), _mm256_castps256_ps128(x8));
-  x = _mm_max_ps(_mm_movehl_ps(x, x), x);
-  x = _mm_max_ss(_mm_movehdup_ps(x), x);
-  return _mm_cvtss_f32(x);
+  return reduce(a, [](__m256 h, __m256 l) { return _mm256_max_ps(h, l); }, [](__m128 h, __m128 l) { return _mm_max_ps(h, l); });
 }
 
 }  // namespace tile16
