@@ -8,9 +8,9 @@ run over all of a step's tokens together; attention reads each sequence's K/V th
 table (batchgen.kernels). The KV pool tensors are owned by the runner and passed in.
 
 On CPU in float32 the projections run with weights packed once (MKL's packed sgemm on Intel
-CPUs, oneDNN's on others; kernels/linear_cpu.py); the "torch" backend keeps F.linear, the reference path. When a model
-cannot take a backend's fast path, `fast_path_notes` says why, and the notice is logged once,
-at load (logger "batchgen.models").
+CPUs, oneDNN's on others; kernels/linear_cpu.py); the "torch" backend keeps F.linear, the
+reference path. When a model cannot take a backend's fast path, `fast_path_notes` says why, and
+the notice is logged once, at load (logger "batchgen.models").
 
 Imports torch, `batchgen.kernels` and the rest of `batchgen.models`.
 """
