@@ -21,11 +21,11 @@ from __future__ import annotations
 import struct
 import sys
 from array import array
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import xxhash
 
-__all__ = ["ROOT_HASH", "hash_block", "hash_blocks"]
+__all__ = ["ROOT_HASH", "block_hasher", "hash_block", "hash_blocks"]
 
 ROOT_HASH: int = 0
 """Parent hash of the first block of every sequence."""
@@ -66,6 +66,27 @@ def hash_block(
     _check_uint64("seed", seed)
     data = _HEADER.pack(parent_hash, extra_key) + _token_bytes(token_ids)
     return xxhash.xxh3_64_intdigest(data, seed=seed)
+
+
+def block_hasher(block_size: int, seed: int = 0) -> Callable[[int, Sequence[int], int], int]:
+    """``hash_block`` with ``seed`` fixed, for a cache that hashes every full block it sees:
+    ``hasher(parent_hash, token_ids, extra_key)`` packs the same bytes with one precompiled
+    struct when ``token_ids`` holds ``block_size`` tokens, and otherwise (or for a value out of
+    range, so that ``hash_block`` raises its error) calls ``hash_block``."""
+    if block_size < 1:
+        raise ValueError(f"block_size must be >= 1, got {block_size}")
+    _check_uint64("seed", seed)
+    pack = struct.Struct(f"<QQ{block_size}q").pack
+    digest = xxhash.xxh3_64_intdigest
+
+    def hasher(parent_hash: int, token_ids: Sequence[int], extra_key: int = 0) -> int:
+        try:
+            data = pack(parent_hash, extra_key, *token_ids)
+        except struct.error:
+            return hash_block(parent_hash, token_ids, extra_key, seed)
+        return digest(data, seed)
+
+    return hasher
 
 
 def hash_blocks(

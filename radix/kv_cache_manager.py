@@ -253,9 +253,10 @@ class KVCacheManager:
         if block_id is None:
             raise AssertionError("no free block although the need was checked")
         if self._cache.is_cached(block_id):
-            if not self._cache.is_leaf(block_id):
-                raise AssertionError(f"free-queue head {block_id} is cached but not a leaf")
-            self._cache.evict(block_id)
+            try:
+                self._cache.evict(block_id)
+            except ValueError as exc:  # not a leaf
+                raise AssertionError(f"free-queue head {block_id} is cached but not a leaf") from exc
         return block_id
 
     def cache_blocks(self, seq_id: int, token_ids: Sequence[int], num_tokens: int) -> None:
@@ -285,13 +286,12 @@ class KVCacheManager:
         num_cached = self._num_cached_blocks[seq_id]
         if num_full_blocks <= num_cached:
             return
-        # token_ids may run past the full blocks: insert reads only the blocks it is given.
-        self._cache.insert(token_ids, table[:num_full_blocks], start_block_idx=num_cached)
-        # Advance over the positions that now hold this table's own blocks; a position taken by
-        # another block stays uncached and is retried on the next call (it may be evicted).
-        while num_cached < num_full_blocks and self._is_chain_link(table, num_cached):
-            num_cached += 1
-        self._num_cached_blocks[seq_id] = num_cached
+        # token_ids may run past the full blocks: insert reads only the blocks it is given. The
+        # chain reaches over the positions that now hold this table's own blocks; a position
+        # taken by another block stays uncached and is retried on the next call (it may be
+        # evicted).
+        _, reach = self._cache.insert_chain(token_ids, table[:num_full_blocks], start_block_idx=num_cached)
+        self._num_cached_blocks[seq_id] = reach
 
     def cache_running_blocks(
         self, seq_ids: Sequence[int], token_ids: Sequence[Sequence[int]], num_tokens: Sequence[int]

@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from .hashing import ROOT_HASH, hash_block
+from .hashing import ROOT_HASH, block_hasher
 
 __all__ = ["CacheMatch", "CacheStats", "RadixCache"]
 
@@ -74,6 +74,7 @@ class RadixCache:
             raise ValueError(f"hash_seed must be in [0, 2**64), got {hash_seed}")
         self._block_size = block_size
         self._hash_seed = hash_seed
+        self._hasher = block_hasher(block_size, hash_seed)
         self._root_children: dict[int, _Node] = {}
         self._nodes_by_block_id: dict[int, _Node] = {}
         self._num_lookups = 0
@@ -96,8 +97,7 @@ class RadixCache:
         return tuple(token_ids[start : start + self._block_size])
 
     def _hash(self, parent: _Node | None, token_ids: tuple[int, ...], extra_key: int) -> int:
-        parent_hash = ROOT_HASH if parent is None else parent.block_hash
-        return hash_block(parent_hash, token_ids, extra_key, self._hash_seed)
+        return self._hasher(ROOT_HASH if parent is None else parent.block_hash, token_ids, extra_key)
 
     def match(self, token_ids: Sequence[int], extra_key: int = 0) -> CacheMatch:
         """Longest chain of cached blocks holding the full blocks of ``token_ids``.
@@ -144,6 +144,19 @@ class RadixCache:
         a block id is cached here with other tokens, or when ``start_block_idx`` is not a cached
         position of this chain.
         """
+        return self.insert_chain(token_ids, block_ids, extra_key, start_block_idx=start_block_idx)[0]
+
+    def insert_chain(
+        self,
+        token_ids: Sequence[int],
+        block_ids: Sequence[int],
+        extra_key: int = 0,
+        *,
+        start_block_idx: int = 0,
+    ) -> tuple[int, int]:
+        """``insert``, returning (blocks newly inserted, the chain's reach): ``block_ids[:reach]``
+        are now cached at their positions as this chain, and position ``reach`` (when less than
+        ``len(block_ids)``) is held by another block. Same arguments and errors as ``insert``."""
         num_blocks = len(block_ids)
         if len(token_ids) < num_blocks * self._block_size:
             raise ValueError(
@@ -175,7 +188,7 @@ class RadixCache:
             node = children.get(block_hash)
             if node is not None:
                 if node.block_id != block_id:
-                    break  # someone else's block holds this position: stop here
+                    return num_inserted, block_idx  # someone else's block holds this position
                 if node.token_ids != block_tokens or node.extra_key != extra_key:
                     raise ValueError(
                         f"block {block_id} is cached with other tokens than the ones given"
@@ -184,19 +197,12 @@ class RadixCache:
                 continue
             if block_id in self._nodes_by_block_id:
                 raise ValueError(f"block {block_id} is already cached at another position")
-            node = _Node(
-                block_hash=block_hash,
-                block_id=block_id,
-                block_idx=block_idx,
-                token_ids=block_tokens,
-                extra_key=extra_key,
-                parent=parent,
-            )
+            node = _Node(block_hash, block_id, block_idx, block_tokens, extra_key, parent)
             children[block_hash] = node
             self._nodes_by_block_id[block_id] = node
             num_inserted += 1
             parent = node
-        return num_inserted
+        return num_inserted, num_blocks
 
     def _node(self, block_id: int) -> _Node:
         node = self._nodes_by_block_id.get(block_id)

@@ -9,7 +9,7 @@ import xxhash
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from batchgen.radix.hashing import ROOT_HASH, hash_block, hash_blocks
+from batchgen.radix.hashing import ROOT_HASH, block_hasher, hash_block, hash_blocks
 
 
 def test_root_hash_is_zero() -> None:
@@ -97,3 +97,40 @@ def test_hash_rejects_token_outside_int64() -> None:
 def test_hash_blocks_rejects_bad_block_size() -> None:
     with pytest.raises(ValueError, match="block_size"):
         hash_blocks([1, 2], 0)
+
+
+@settings(max_examples=200)
+@given(
+    st.integers(1, 8),
+    st.integers(0, 2**64 - 1),
+    st.integers(0, 2**64 - 1),
+    st.integers(0, 2**64 - 1),
+    st.lists(st.integers(-(2**63), 2**63 - 1), min_size=0, max_size=10),
+)
+def test_block_hasher_equals_hash_block(block_size: int, seed: int, parent: int, extra: int, tokens: list[int]) -> None:
+    # Blocks of its size take the packed path, others (shorter, longer) hash_block's.
+    hasher = block_hasher(block_size, seed)
+    assert hasher(parent, tokens, extra) == hash_block(parent, tokens, extra, seed)
+    assert hasher(parent, tuple(tokens)) == hash_block(parent, tokens, 0, seed)
+
+
+@pytest.mark.parametrize(
+    ("parent", "tokens", "extra", "error"),
+    [
+        (-1, [1, 2], 0, ValueError),
+        (2**64, [1, 2], 0, ValueError),
+        (0, [1, 2], -1, ValueError),
+        (0, [1, 2**63], 0, OverflowError),
+        (0, [-(2**63) - 1, 2], 0, OverflowError),
+    ],
+)
+def test_block_hasher_raises_what_hash_block_raises(parent: int, tokens: list[int], extra: int, error: type[Exception]) -> None:
+    hasher = block_hasher(2)
+    with pytest.raises(error):
+        hasher(parent, tokens, extra)
+    with pytest.raises(error):
+        hash_block(parent, tokens, extra)
+    with pytest.raises(ValueError, match="seed"):
+        block_hasher(2, 2**64)
+    with pytest.raises(ValueError, match="block_size"):
+        block_hasher(0)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import pytest
 
@@ -110,16 +110,19 @@ def test_partial_block_is_never_cached() -> None:
 
 
 def test_cache_blocks_hashes_each_block_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    real_hash = hashing.hash_block
+    real_hasher = hashing.block_hasher
     calls: list[tuple[int, ...]] = []
 
-    def counting_hash(
-        parent_hash: int, token_ids: Sequence[int], extra_key: int = 0, seed: int = 0
-    ) -> int:
-        calls.append(tuple(token_ids))
-        return real_hash(parent_hash, token_ids, extra_key, seed)
+    def counting_hasher(block_size: int, seed: int = 0) -> Callable[[int, Sequence[int], int], int]:
+        hasher = real_hasher(block_size, seed)
 
-    monkeypatch.setattr(radix_cache_module, "hash_block", counting_hash)
+        def counting(parent_hash: int, token_ids: Sequence[int], extra_key: int = 0) -> int:
+            calls.append(tuple(token_ids))
+            return hasher(parent_hash, token_ids, extra_key)
+
+        return counting
+
+    monkeypatch.setattr(radix_cache_module, "block_hasher", counting_hasher)
     manager = KVCacheManager(10, 4)
     tokens = list(range(100, 140))
     for num_tokens in range(1, 41):  # one decode step at a time

@@ -15,7 +15,7 @@ At teardown every sequence is freed and every block must be free.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import pytest
 from hypothesis import event, settings
@@ -295,12 +295,15 @@ def test_random_runs_lazily_committed() -> None:
 
 
 def test_random_runs_with_colliding_hashes(monkeypatch: pytest.MonkeyPatch) -> None:
-    real_hash = hashing.hash_block
+    real_hasher = hashing.block_hasher
 
-    def colliding_hash(
-        parent_hash: int, token_ids: Sequence[int], extra_key: int = 0, seed: int = 0
-    ) -> int:
-        return real_hash(parent_hash, token_ids, extra_key, seed) % 3
+    def colliding_hasher(block_size: int, seed: int = 0) -> Callable[[int, Sequence[int], int], int]:
+        hasher = real_hasher(block_size, seed)
 
-    monkeypatch.setattr(radix_cache_module, "hash_block", colliding_hash)
+        def colliding_hash(parent_hash: int, token_ids: Sequence[int], extra_key: int = 0) -> int:
+            return hasher(parent_hash, token_ids, extra_key) % 3
+
+        return colliding_hash
+
+    monkeypatch.setattr(radix_cache_module, "block_hasher", colliding_hasher)
     run_state_machine_as_test(_ManagerMachine, settings=settings(_SETTINGS, max_examples=100))

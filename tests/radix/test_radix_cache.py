@@ -128,7 +128,7 @@ def test_collision_never_returns_blocks_with_other_tokens(
     ) -> int:
         return 42
 
-    monkeypatch.setattr(radix_cache_module, "hash_block", constant_hash)
+    monkeypatch.setattr(radix_cache_module, "block_hasher", lambda block_size, seed=0: constant_hash)
     cache = _cache()
     assert _insert(cache, A + B, [0, 1]) == 2
     assert cache.match(A + B) == CacheMatch(block_ids=(0, 1), num_tokens=8)
@@ -144,7 +144,7 @@ def test_collision_never_returns_blocks_with_other_tokens(
 
 
 def test_same_block_id_with_other_tokens_raises(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(radix_cache_module, "hash_block", lambda *args: 42)
+    monkeypatch.setattr(radix_cache_module, "block_hasher", lambda block_size, seed=0: lambda *args: 42)
     cache = _cache()
     _insert(cache, A, [0])
     with pytest.raises(ValueError, match="other tokens"):
@@ -229,3 +229,15 @@ def test_deep_chain_has_no_recursion_limit() -> None:
     assert cache.insert(tokens, list(range(5000))) == 5000
     cache.check_invariants()
     assert cache.match(tokens).num_tokens == 5000
+
+
+def test_insert_chain_reaches_up_to_a_position_held_by_another_block() -> None:
+    cache = _cache()
+    assert cache.insert_chain(A + B, [0, 1]) == (2, 2)
+    # Position 1 holds block 1: a chain [0, 5, 6] reaches only position 0.
+    assert cache.insert_chain(A + B + C, [0, 5, 6]) == (0, 1)
+    assert not cache.is_cached(5) and not cache.is_cached(6)
+    # The same chain grown by a block: one inserted, all three reached.
+    assert cache.insert_chain(A + B + C, [0, 1, 2], start_block_idx=1) == (1, 3)
+    assert cache.insert(A + B + C, [0, 1, 2]) == 0
+    cache.check_invariants()
