@@ -15,6 +15,7 @@ from __future__ import annotations
 import itertools
 import os
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -199,6 +200,7 @@ class LLMEngine:
         )
         self._requests: dict[int, _Request] = {}
         self._seq_to_request: dict[int, _Request] = {}
+        self._num_detokenized = 0  # requests with stop strings (their samples are detokenized)
         self._request_ids = itertools.count()
         self._seq_ids = itertools.count()
         self._num_steps = 0
@@ -315,6 +317,7 @@ class LLMEngine:
             prompt_logprobs=None if score_from is None else [None] * len(prompt_token_ids),
         )
         self._requests[request_id] = request
+        self._num_detokenized += bool(stop)
         for seq in seqs:
             self._seq_to_request[seq.seq_id] = request
             if grammar is not None:
@@ -379,19 +382,22 @@ class LLMEngine:
         finished: list[RequestOutput] = []
         ended: dict[int, _Request] = {}  # requests with a sample that finished in this step
         finished_status = SequenceStatus.FINISHED
+        # Each advanced sequence received exactly one token in this step: its first sample's
+        # time, then the stop strings of the requests that have them.
+        token_times = [seq_to_request[seq.seq_id].token_times for seq in advanced if seq.sample_index == 0]
+        deque(map(list.append, token_times, itertools.repeat(t_tokens)), maxlen=0)
+        if self._num_detokenized:
+            for seq in advanced:
+                detok = seq_to_request[seq.seq_id].detokenizers[seq.sample_index]
+                if detok is not None:
+                    matched = detok.update(seq.token_ids[-1:])
+                    if seq.is_finished:
+                        detok.finish()  # its stop string, if any, wins in _finish
+                    elif matched is not None:
+                        self.scheduler.finish(seq.seq_id, "stop", matched)
         for seq in advanced:
-            request = seq_to_request[seq.seq_id]
-            if seq.sample_index == 0:
-                request.token_times.append(t_tokens)
-            detok = request.detokenizers[seq.sample_index]
-            if detok is not None:
-                # Each advanced sequence received exactly one token in this step.
-                matched = detok.update(seq.token_ids[-1:])
-                if seq.is_finished:
-                    detok.finish()  # its stop string, if any, wins in _finish
-                elif matched is not None:
-                    self.scheduler.finish(seq.seq_id, "stop", matched)
             if seq.status is finished_status:
+                request = seq_to_request[seq.seq_id]
                 ended[request.request_id] = request
         for request in ended.values():
             if all(s.is_finished for s in request.seqs):
@@ -549,6 +555,7 @@ class LLMEngine:
             self.structured.release(seq.seq_id)
             del self._seq_to_request[seq.seq_id]
         del self._requests[request.request_id]
+        self._num_detokenized -= request.detokenizers[0] is not None
         first_scheduled = request.first_scheduled_time
         return RequestOutput(
             request_id=request.request_id,

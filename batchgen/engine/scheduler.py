@@ -20,7 +20,7 @@ its prompt plus generated tokens are prefilled again (mostly from the prefix cac
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from batchgen.engine.config import SchedulerConfig
@@ -73,6 +73,10 @@ class Scheduler:
         self._num_preemptions = 0
         self._prefill_tokens_computed = 0
         self._cached_prompt_tokens = 0
+        # The last plan and its plain decodes' sequences, so that `update` of that plan need not
+        # look each one up.
+        self._last_plan: StepPlan | None = None
+        self._last_decodes: list[Sequence] = []
 
     # ----------------------------------------------------------------- queue
     def add(self, seq: Sequence, children: Iterable[Sequence] = ()) -> None:
@@ -86,6 +90,10 @@ class Scheduler:
             raise ValueError(f"sequence {seq.seq_id} was already added")
         self._seqs[seq.seq_id] = seq
         kids = list(children)
+        for s in (seq, *kids):
+            stop = s.params.stop_token_ids
+            s.end_token_ids = self._eos_token_ids.union(stop) if stop else self._eos_token_ids
+            s.max_num_tokens = min(s.num_prompt_tokens + s.params.max_tokens, self._max_model_len)
         for child in kids:
             self._seqs[child.seq_id] = child
         if kids:
@@ -209,7 +217,9 @@ class Scheduler:
         )
         copies = tuple(self._pending_copies)
         self._pending_copies.clear()
-        return StepPlan(tuple(listed), copies, decode_batch)
+        plan = StepPlan(tuple(listed), copies, decode_batch)
+        self._last_plan, self._last_decodes = plan, decodes
+        return plan
 
     def _num_new(self, num_todo: int, remaining: int, planned: dict[int, int]) -> int:
         """Tokens to schedule of a sequence with `num_todo` left to compute: as many as the budget
@@ -399,33 +409,42 @@ class Scheduler:
         seqs, sampled, logprobs, completed = self._seqs, result.sampled, result.logprobs, result.completed
         running = SequenceStatus.RUNNING
         # Plain decodes: `_append` written out, its end tests behind one cheap test that any
-        # ending token passes (most tokens end nothing).
-        eos, max_model_len, end_if_done = self._eos_token_ids, self._max_model_len, self._end_if_done
-        for seq_id in plan.decodes.seq_ids:
-            seq = seqs[seq_id]
-            if seq.status is not running:
-                raise RuntimeError(f"sequence {seq_id} changed state during its step")
+        # ending token passes (most tokens end nothing): one of `end_token_ids`, or the length
+        # `max_num_tokens`.
+        end_if_done = self._end_if_done
+        decode_ids = plan.decodes.seq_ids
+        decode_seqs = self._last_decodes if plan is self._last_plan else [seqs[seq_id] for seq_id in decode_ids]
+        self._last_plan, self._last_decodes = None, []
+        decode_tokens = result.decode_tokens
+        if decode_tokens is None:
+            decode_tokens = [self._one_token(sampled, seq_id) for seq_id in decode_ids]
+        elif len(decode_tokens) != len(decode_ids):
+            raise RuntimeError(f"expected {len(decode_ids)} decode tokens, got {len(decode_tokens)}")
+        # A pass per field (a loop, a comprehension, a C-level map), then the end tests of the
+        # few whose token may end them, in plan order.
+        if any(seq.status is not running for seq in decode_seqs):
+            stale = next(seq for seq in decode_seqs if seq.status is not running)
+            raise RuntimeError(f"sequence {stale.seq_id} changed state during its step")
+        for seq in decode_seqs:
             seq.num_computed_tokens += 1
-            tokens = sampled[seq_id]
-            if len(tokens) != 1:
-                raise RuntimeError(f"expected 1 token for sequence {seq_id}, got {len(tokens)}")
-            token = tokens[0]
-            token_ids = seq.token_ids
-            token_ids.append(token)
-            if logprobs:
-                token_logprobs = logprobs.get(seq_id)
+        deque(map(list.append, [seq.token_ids for seq in decode_seqs], decode_tokens), maxlen=0)
+        if logprobs:
+            for seq in decode_seqs:
+                token_logprobs = logprobs.get(seq.seq_id)
                 if token_logprobs:
                     seq.logprobs.append(token_logprobs[0])
-            params = seq.params
-            if (
-                token in eos
-                or token in params.stop_token_ids
-                or completed
-                or len(token_ids) - seq.num_prompt_tokens >= params.max_tokens
-                or len(token_ids) >= max_model_len
-            ):
-                end_if_done(seq, token, completed)
-            advanced.append(seq)
+        ending = (
+            decode_seqs
+            if completed
+            else [
+                seq
+                for seq, token in zip(decode_seqs, decode_tokens, strict=True)
+                if token in seq.end_token_ids or len(seq.token_ids) >= seq.max_num_tokens
+            ]
+        )
+        for seq in ending:
+            end_if_done(seq, seq.token_ids[-1], completed)
+        advanced += decode_seqs
         for chunk in plan.listed:
             seq = seqs[chunk.seq_id]
             if seq.status is not running:
@@ -450,6 +469,13 @@ class Scheduler:
             self._append(seq, tokens[0], token_logprobs[0] if token_logprobs else None, completed)
             advanced.append(seq)
         return advanced
+
+    @staticmethod
+    def _one_token(sampled: Mapping[int, tuple[int, ...]], seq_id: int) -> int:
+        tokens = sampled[seq_id]
+        if len(tokens) != 1:
+            raise RuntimeError(f"expected 1 token for sequence {seq_id}, got {len(tokens)}")
+        return tokens[0]
 
     def _fork(self, parent: Sequence, child: Sequence) -> BlockCopy | None:
         """Start `child` sharing the parent's prompt blocks (its first token is drawn from the

@@ -46,6 +46,10 @@ class Sequence:
     # None when none is. Until the prompt is computed, its tokens from there on come with
     # logits, and so are computed, never taken from the prefix cache (set at construction).
     prompt_logprobs_start: int | None = None
+    # Set by the scheduler when the sequence is added: the tokens that may end it (EOS and its
+    # stop tokens) and the length at which it ends (max_tokens or max_model_len, the nearer).
+    end_token_ids: frozenset[int] = frozenset()
+    max_num_tokens: int = 0
 
     @property
     def num_tokens(self) -> int:

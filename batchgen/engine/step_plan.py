@@ -6,7 +6,7 @@ come back to `Scheduler.update()` as a `StepResult`. None of them holds a live `
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -146,10 +146,15 @@ class StepPlan:
 @dataclass(frozen=True, slots=True)
 class StepResult:
     """The tokens a step sampled: `sampled[seq_id]` holds one token per sample of the chunk
-    (chunk.num_samples of them); `logprobs[seq_id]`, when asked, one dict per token."""
+    (chunk.num_samples of them); `logprobs[seq_id]`, when asked, one dict per token.
+
+    `decode_tokens`, when given, holds the plain decodes' tokens as a column, in the order of
+    `plan.decodes.seq_ids`, and `sampled` holds only the listed chunks' (a simulated step draws
+    a column at once, where a dict of one-token tuples cost a tuple and an entry per sequence)."""
 
     sampled: Mapping[int, tuple[int, ...]]
     logprobs: Mapping[int, tuple[dict[int, float], ...]] | None = None
     # Sequences whose structured-output grammar is complete with this step's token: nothing
     # but EOS may follow, so they end with "stop", even on their max_tokens-th token.
     completed: frozenset[int] = frozenset()
+    decode_tokens: Sequence[int] | None = None

@@ -89,10 +89,10 @@ class SimulatedRunner:
         token = self.tokens.token
         decodes = plan.decodes
         drawn = self.tokens.tokens(decodes.sample_seeds, decodes.num_generated_tokens)
-        sampled: dict[int, tuple[int, ...]] = {seq_id: (t,) for seq_id, t in zip(decodes.seq_ids, drawn, strict=True)}
+        sampled: dict[int, tuple[int, ...]] = {}
         for c in plan.listed:
             if c.num_samples == 1:
                 sampled[c.seq_id] = (token(c.sample_seeds[0], c.num_generated_tokens),)
             elif c.num_samples:
                 sampled[c.seq_id] = tuple(token(seed, c.num_generated_tokens) for seed in c.sample_seeds)
-        return StepResult(sampled=sampled)
+        return StepResult(sampled=sampled, decode_tokens=drawn)

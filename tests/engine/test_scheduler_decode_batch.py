@@ -12,8 +12,11 @@ import random
 
 import pytest
 
+from batchgen.engine.config import SchedulerConfig
+from batchgen.engine.sampling_params import SamplingParams
 from batchgen.engine.scheduler import Scheduler
-from batchgen.engine.step_plan import ScheduledChunk, StepPlan
+from batchgen.engine.sequence import Sequence
+from batchgen.engine.step_plan import ScheduledChunk, StepPlan, StepResult
 from batchgen.radix import KVCacheManager
 from tests.engine.test_scheduler import make, make_seq, step
 
@@ -130,3 +133,86 @@ def test_the_bound_covers_every_sequence_with_one_token_to_compute() -> None:
             assert ahead <= bound
             tight += ahead == bound
     assert tight  # the bound is reached: it is not loose by a block
+
+
+def _ending_token(tokens: list[int]) -> int:
+    """A next token that is EOS (49) or the stop token 7 one time in ten each."""
+    value = random.Random(hash(tuple(tokens))).randrange(20)  # ints hash alike in every process
+    return {0: 49, 1: 7}.get(value, value + 10)
+
+
+def _expected_end(prompt: list[int], params: SamplingParams, max_model_len: int) -> tuple[list[int], str, int | None]:
+    """A sequence's tokens and end, one token at a time (its tokens depend on its own only)."""
+    tokens = list(prompt)
+    while True:
+        token = _ending_token(tokens)
+        tokens.append(token)
+        if token == 49 and not params.ignore_eos:
+            return tokens, "stop", None
+        if token in params.stop_token_ids:
+            return tokens, "stop", token
+        if len(tokens) - len(prompt) >= params.max_tokens or len(tokens) >= max_model_len:
+            return tokens, "length", None
+
+
+def _step_as(sched: Scheduler, *, column: bool) -> StepPlan:
+    plan = sched.schedule()
+    sampled = {c.seq_id: tuple([_ending_token(sched.get(c.seq_id).token_ids)] * c.num_samples)
+               for c in plan.chunks if c.num_samples}
+    if column:
+        tokens = [sampled.pop(seq_id)[0] for seq_id in plan.decodes.seq_ids]
+        sched.update(plan, StepResult(sampled, decode_tokens=tokens))
+    else:
+        sched.update(plan, StepResult(sampled))
+    return plan
+
+
+def test_decode_tokens_as_a_column_make_the_same_run() -> None:
+    # The simulator hands back the decodes' tokens as a column, the model runner as a dict by
+    # seq id: the same tokens must make the same plans, token ids, ends and blocks. EOS, stop
+    # tokens, ignore_eos, max_tokens and max_model_len all end sequences here.
+    reasons: set[tuple[str | None, object]] = set()
+    for seed in range(40):
+        runs = []
+        for column in (False, True):
+            rng = random.Random(seed)
+            kv = KVCacheManager(rng.randint(10, 30), 4)
+            config = SchedulerConfig(max_num_seqs=rng.randint(2, 6), max_num_batched_tokens=rng.choice([None, 6, 16]),
+                                     admission_reserve_tokens=rng.choice([0, 8]))
+            max_model_len = rng.randint(24, 60)
+            sched = Scheduler(config, kv, max_model_len=max_model_len, eos_token_ids=[49])
+            expected = []
+            for i in range(rng.randint(2, 8)):
+                params = SamplingParams(max_tokens=rng.randint(1, 30), temperature=0,
+                                        stop_token_ids=rng.choice([(), (7,)]), ignore_eos=rng.random() < 0.3)
+                prompt = [rng.randrange(1, 60) for _ in range(rng.randint(1, 14))]
+                expected.append(_expected_end(prompt, params, max_model_len))
+                sched.add(Sequence(seq_id=i, request_id=i, sample_index=0, token_ids=prompt,
+                                   num_prompt_tokens=len(prompt), params=params, seed=i))
+            plans = []
+            while sched.has_unfinished():
+                plans.append(_plan_view(_step_as(sched, column=column), kv))
+                kv.check_invariants()
+                assert len(plans) < 500
+            ends = [(s.token_ids, s.finish_reason, s.stop_reason) for s in sched._seqs.values()]
+            assert ends == [tuple(e) for e in expected], (seed, column)
+            runs.append((plans, ends))
+        assert runs[0] == runs[1], seed
+        reasons |= {(reason, stop) for _, reason, stop in runs[0][1]}
+    assert reasons == {("stop", None), ("stop", 7), ("length", None)}
+
+
+def test_a_decode_column_of_the_wrong_length_or_a_plan_built_elsewhere() -> None:
+    sched, kv = make(num_blocks=20, budget=None)
+    for i in range(3):
+        sched.add(make_seq(i, [1 + i, 2, 3], max_tokens=5))
+    step(sched, kv)  # the prompts, each drawing its first token
+    plan = sched.schedule()
+    assert len(plan.decodes.seq_ids) == 3
+    with pytest.raises(RuntimeError, match="expected 3 decode tokens, got 2"):
+        sched.update(plan, StepResult({}, decode_tokens=[5, 6]))
+    # A plan equal to the last one but not it (rebuilt by a caller) reads its sequences by id.
+    again = StepPlan(plan.listed, plan.block_copies, plan.decodes)
+    sched.update(again, StepResult({}, decode_tokens=[5, 6, 7]))
+    assert [sched.get(i).token_ids[-1] for i in range(3)] == [5, 6, 7]
+    assert [sched.get(i).num_computed_tokens for i in range(3)] == [4, 4, 4]

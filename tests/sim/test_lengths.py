@@ -65,11 +65,16 @@ def test_a_distribution_draws_every_length() -> None:
 
 def test_a_step_of_tokens_is_each_token(filler: Filler) -> None:
     # `tokens` (a step's decodes at once) draws what `token` draws, for every kind of source;
-    # the filler's values are the hash of (seed, index) they always were.
-    import xxhash
+    # the filler's values are splitmix64's finalizer over seed * 2**32 + index (mod 2**64).
+    def splitmix_finalizer(x: int) -> int:
+        mask = 2**64 - 1
+        x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & mask
+        x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & mask
+        return x ^ (x >> 31)
 
-    key = ((12345 & (2**64 - 1)) << 32 | 7).to_bytes(12, "little")
-    assert filler.token(12345, 7) == filler.tokens[xxhash.xxh64_intdigest(key) % len(filler.tokens)]
+    for seed, index in [(12345, 7), (2**63 - 1, 0), (-5, 3), (2**64 - 1, 2**31)]:
+        expected = splitmix_finalizer(((seed << 32) + index) & (2**64 - 1))
+        assert filler.token(seed, index) == filler.tokens[expected % len(filler.tokens)]
     recorded = RecordedOutputs({5: Recorded((9, 8), 4, True), 6: Recorded(None, 3, False)}, filler=filler, eos=EOS)
     sources = [MaxTokens(filler), LengthDistribution([1, 2, 3, 9], filler=filler, eos=EOS), recorded]
     seeds = [5, 6, 7, 3, 2**64 - 1] * 8
