@@ -401,7 +401,8 @@ class Scheduler:
         """Apply a finished step: advance computed counts, append sampled tokens, end sequences
         that hit EOS, a stop token, max_tokens or max_model_len, and start forked samples.
 
-        `result.sampled[seq_id]` holds chunk.num_samples tokens (one per sample of the request).
+        `result.sampled[seq_id]` holds chunk.num_samples tokens (one per sample of the request);
+        the plain decodes' tokens may come instead as the column `result.decode_tokens`.
         Returns the sequences that received a token. KV copies of forked samples' partial blocks
         go into the next plan, for the runner to apply before that step's forward pass.
         """
