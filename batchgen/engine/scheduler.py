@@ -423,8 +423,8 @@ class Scheduler:
             raise RuntimeError(f"expected {len(decode_ids)} decode tokens, got {len(decode_tokens)}")
         # A pass per field (a loop, a comprehension, a C-level map), then the end tests of the
         # few whose token may end them, in plan order.
-        if any(seq.status is not running for seq in decode_seqs):
-            stale = next(seq for seq in decode_seqs if seq.status is not running)
+        stale = next((seq for seq in decode_seqs if seq.status is not running), None)
+        if stale is not None:
             raise RuntimeError(f"sequence {stale.seq_id} changed state during its step")
         for seq in decode_seqs:
             seq.num_computed_tokens += 1
