@@ -106,15 +106,16 @@ class RadixCache:
         tokens in ``stats()``.
         """
         block_ids: list[int] = []
-        parent: _Node | None = None
-        for block_idx in range(len(token_ids) // self._block_size):
-            block_tokens = self._block_tokens(token_ids, block_idx)
-            node = self._children(parent).get(self._hash(parent, block_tokens, extra_key))
+        hasher, size = self._hasher, self._block_size
+        children, parent_hash = self._root_children, ROOT_HASH
+        for start in range(0, len(token_ids) - size + 1, size):
+            block_tokens = tuple(token_ids[start : start + size])
+            node = children.get(hasher(parent_hash, block_tokens, extra_key))
             # A hash hit counts only if the content is equal: a collision is a miss.
             if node is None or node.token_ids != block_tokens or node.extra_key != extra_key:
                 break
             block_ids.append(node.block_id)
-            parent = node
+            children, parent_hash = node.children, node.block_hash
         num_tokens = len(block_ids) * self._block_size
         self._num_lookups += 1
         self._num_hit_tokens += num_tokens
@@ -180,11 +181,16 @@ class RadixCache:
                     f"cached at position {prev_idx} with these tokens"
                 )
         num_inserted = 0
+        # `_block_tokens`, `_hash` and `_children` written out: this loop runs for every block
+        # a sequence fills.
+        by_block_id, hasher, size = self._nodes_by_block_id, self._hasher, self._block_size
+        children = self._root_children if parent is None else parent.children
+        parent_hash = ROOT_HASH if parent is None else parent.block_hash
         for block_idx in range(start_block_idx, num_blocks):
             block_id = block_ids[block_idx]
-            block_tokens = self._block_tokens(token_ids, block_idx)
-            block_hash = self._hash(parent, block_tokens, extra_key)
-            children = self._children(parent)
+            start = block_idx * size
+            block_tokens = tuple(token_ids[start : start + size])
+            block_hash = hasher(parent_hash, block_tokens, extra_key)
             node = children.get(block_hash)
             if node is not None:
                 if node.block_id != block_id:
@@ -193,15 +199,14 @@ class RadixCache:
                     raise ValueError(
                         f"block {block_id} is cached with other tokens than the ones given"
                     )
-                parent = node
-                continue
-            if block_id in self._nodes_by_block_id:
-                raise ValueError(f"block {block_id} is already cached at another position")
-            node = _Node(block_hash, block_id, block_idx, block_tokens, extra_key, parent)
-            children[block_hash] = node
-            self._nodes_by_block_id[block_id] = node
-            num_inserted += 1
-            parent = node
+            else:
+                if block_id in by_block_id:
+                    raise ValueError(f"block {block_id} is already cached at another position")
+                node = _Node(block_hash, block_id, block_idx, block_tokens, extra_key, parent, {})
+                children[block_hash] = node
+                by_block_id[block_id] = node
+                num_inserted += 1
+            parent, children, parent_hash = node, node.children, block_hash
         return num_inserted, num_blocks
 
     def _node(self, block_id: int) -> _Node:

@@ -134,15 +134,15 @@ class Scheduler:
         # Sequences with one token to compute (decodes, and prompts down to their last token)
         # go first, oldest admission first, a token each while the budget lasts; their blocks
         # are grown in one call per run of sequences that fit.
-        ones: list[Sequence] = []
+        ones = [s for s in self._running if len(s.token_ids) - s.num_computed_tokens == 1]
         rest: list[Sequence] = []
-        for seq in self._running:
-            (ones if len(seq.token_ids) - seq.num_computed_tokens == 1 else rest).append(seq)
+        if len(ones) < len(self._running):  # most steps: decodes only
+            rest = [s for s in self._running if len(s.token_ids) - s.num_computed_tokens != 1]
         kv = self._kv
         planned_ones: list[Sequence] = []
         while ones and remaining:
             batch = ones[:remaining]
-            num_fit = kv.allocate_running([s.seq_id for s in batch], [s.num_computed_tokens + 1 for s in batch])
+            num_fit = kv.allocate_running([s.seq_id for s in batch], [len(s.token_ids) for s in batch])
             planned_ones += batch if num_fit == len(batch) else batch[:num_fit]
             remaining -= num_fit
             if num_fit == len(batch):
@@ -186,11 +186,10 @@ class Scheduler:
         # Only now is the set of running sequences final: a block filled by this step enters the
         # prefix cache once nothing can preempt its sequence before the forward pass writes its
         # KV (a victim's blocks stay cached when freed, and a later prompt would read them).
-        kv.cache_running_blocks(
-            [s.seq_id for s in planned_ones],
-            [s.token_ids for s in planned_ones],
-            [s.num_computed_tokens + 1 for s in planned_ones],
-        )
+        # (A sequence with one token to compute has computed all but its last: the step makes
+        # its computed count its length.)
+        planned_tokens = [s.token_ids for s in planned_ones]
+        kv.cache_running_blocks([s.seq_id for s in planned_ones], planned_tokens, list(map(len, planned_tokens)))
         seqs = self._seqs
         for seq_id, num_new in planned.items():
             seq = seqs[seq_id]
@@ -204,7 +203,9 @@ class Scheduler:
         # A plain decode: its one token follows a computed prompt (no prefill to count, no
         # forks or prompt logits pending). The others are listed chunk by chunk.
         decodes = [s for s in planned_ones if s.num_computed_tokens >= s.num_prefill_tokens]
-        listed = [self._chunk(s, 1) for s in planned_ones if s.num_computed_tokens < s.num_prefill_tokens]
+        listed: list[ScheduledChunk] = []
+        if len(decodes) < len(planned_ones):
+            listed = [self._chunk(s, 1) for s in planned_ones if s.num_computed_tokens < s.num_prefill_tokens]
         listed += [self._chunk(seqs[seq_id], n) for seq_id, n in planned.items()]
         batch_ids = tuple([s.seq_id for s in decodes])
         decode_batch = DecodeBatch(

@@ -67,19 +67,24 @@ class TokenSource(Protocol):
         ...
 
 
-def filler_hash(seeds: Sequence[int], indices: Sequence[int]) -> np.ndarray:
+def filler_hash(seeds: Sequence[int], indices: Sequence[int] | np.ndarray) -> np.ndarray:
     """The 64-bit hash of each (seed, index) pair: splitmix64's finalizer over
     `seed * 2**32 + index` (mod 2**64), as unsigned integers. A step's decodes are hashed in a
     few array operations, where a call to a hash function per token cost a tenth of a
-    simulation's time."""
+    simulation's time. `indices` may be an integer array already (non-negative)."""
     try:
         seed_bits = np.array(seeds, dtype=np.int64).astype(np.uint64)
     except OverflowError:  # a seed outside int64 (the engine's are 63-bit): its low 64 bits
         seed_bits = np.array([seed & _MASK64 for seed in seeds], dtype=np.uint64)
-    x = (seed_bits << np.uint64(32)) + np.array(indices, dtype=np.uint64)
-    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return x ^ (x >> np.uint64(31))
+    x = (seed_bits << _U32) + np.asarray(indices).astype(np.uint64)
+    x = (x ^ (x >> _U30)) * _MIX1
+    x = (x ^ (x >> _U27)) * _MIX2
+    result: np.ndarray = x ^ (x >> _U31)
+    return result
+
+
+_U27, _U30, _U31, _U32 = np.uint64(27), np.uint64(30), np.uint64(31), np.uint64(32)
+_MIX1, _MIX2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,9 +114,16 @@ class Filler:
     def tokens_of(self, seeds: Sequence[int], indices: Sequence[int]) -> list[int]:
         """The filler token of each (seeds[i], indices[i]); seeds are 64-bit signed integers
         (the engine's are 63-bit), indices from 0."""
+        picked: list[int] = self.token_array(seeds, np.array(indices, dtype=np.int64)).tolist()
+        return picked
+
+    def token_array(self, seeds: Sequence[int], indices: np.ndarray) -> np.ndarray:
+        """`tokens_of` with the indices as an int64 array, as an int64 array."""
         if len(seeds) != len(indices):
             raise ValueError(f"{len(seeds)} seeds but {len(indices)} indices")
-        picked: list[int] = self._array[filler_hash(seeds, indices) % np.uint64(len(self.tokens))].tolist()
+        if len(indices) and indices.min() < 0:
+            raise ValueError("token indices start at 0")
+        picked: np.ndarray = self._array[filler_hash(seeds, indices) % np.uint64(len(self.tokens))]
         return picked
 
 
@@ -199,11 +211,16 @@ class LengthDistribution:
         return self._eos if index >= length - 1 else self._filler.token(seed, index)
 
     def tokens(self, seeds: Sequence[int], indices: Sequence[int]) -> list[int]:
-        drawn = self._filler.tokens_of(seeds, indices)
-        by_seed, length = self._by_seed, self.length
-        for i in [i for i, (seed, index) in enumerate(zip(seeds, indices, strict=True)) if index >= (by_seed.get(seed) or length(seed)) - 1]:
-            drawn[i] = self._eos
-        return drawn
+        # A step's decodes at once: their lengths by one C-level pass over the kept ones (a seed
+        # not kept is drawn, rarely), then the filler and the EOS test as array operations.
+        lengths = list(map(self._by_seed.get, seeds))
+        if None in lengths:
+            lengths = [self.length(seed) if n is None else n for seed, n in zip(seeds, lengths, strict=True)]
+        at = np.array(indices, dtype=np.int64)
+        drawn = self._filler.token_array(seeds, at)
+        drawn[at >= np.array(lengths, dtype=np.int64) - 1] = self._eos
+        result: list[int] = drawn.tolist()
+        return result
 
 
 def read_recorded_outputs(paths: Iterable[Path]) -> dict[int, Recorded]:

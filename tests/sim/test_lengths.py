@@ -85,6 +85,11 @@ def test_a_step_of_tokens_is_each_token(filler: Filler) -> None:
     dist = sources[1]
     assert EOS in dist.tokens(seeds, indices)  # some samples end within 6 tokens, others do not
     assert any(t != EOS for t in dist.tokens(seeds, indices))
+    for source in sources[:2]:  # the array forms refuse what the hash cannot mean
+        with pytest.raises(ValueError, match="indices"):
+            source.tokens([5, 6], [0])
+        with pytest.raises(ValueError, match="start at 0"):
+            source.tokens([5, 6], [0, -1])
 
 
 def test_recorded_outputs_replay_tokens_then_lengths(filler: Filler) -> None:
