@@ -198,7 +198,7 @@ class Scheduler:
         # Admission never preempts, so an admitted sequence's blocks are cached at once (a later
         # prompt of this step may take them from the cache).
         if not preempted and self._can_admit():
-            remaining = self._admit(planned, planned_ones, remaining)
+            remaining = self._admit(planned, planned_ones, rest, remaining)
 
         # A plain decode: its one token follows a computed prompt (no prefill to count, no
         # forks or prompt logits pending). The others are listed chunk by chunk.
@@ -250,7 +250,9 @@ class Scheduler:
         ahead: int = -(-end // size) + num_allocated_tokens // -size
         return max(0, ahead)
 
-    def _admit(self, planned: dict[int, int], planned_ones: list[Sequence], remaining: int) -> int:
+    def _admit(
+        self, planned: dict[int, int], planned_ones: list[Sequence], rest: list[Sequence], remaining: int
+    ) -> int:
         static = self._config.batching == "static"
         watermark = not static and self._config.admission_reserve_tokens > 0
         # Watermark: a sequence is admitted only if the blocks left free afterwards still cover
@@ -271,15 +273,13 @@ class Scheduler:
         if reserving and not self._bound_reserve:
             reserve = self._exact_reserve(len(self._running), planned, planned_ones)
         elif reserving:
-            per_one = self._one_token_reserve_bound()
+            # `rest`: the running sequences with more than one token to compute, as `schedule`
+            # found them (nothing was preempted, so they are still running and unchanged).
             blocks_ahead = self._blocks_ahead
-            num_ones = 0
-            for s in self._running:
-                if len(s.token_ids) - s.num_computed_tokens == 1:
-                    num_ones += 1
-                else:
-                    reserve += blocks_ahead(s, s.num_computed_tokens + planned.get(s.seq_id, 0))
-            reserve += num_ones * per_one
+            for s in rest:
+                reserve += blocks_ahead(s, s.num_computed_tokens + planned.get(s.seq_id, 0))
+            num_ones = len(self._running) - len(rest)
+            reserve += num_ones * self._one_token_reserve_bound()
             exact = num_ones == 0
         num_before = len(self._running)
         reserve_admitted = 0  # the reserve of the sequences admitted below
