@@ -21,11 +21,10 @@ import gc
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any
 
 import anyio
-import pyarrow as pa
 from anyio.abc import ObjectReceiveStream, ObjectSendStream
 from anyio.streams.memory import MemoryObjectReceiveStream
 
@@ -35,6 +34,7 @@ from batchgen.engine.seeding import derive_seed
 from batchgen.engine.step_thread import StepThread
 from batchgen.io import OutputRow, ShardReadError
 from batchgen.job.prepare import PreparedRow, RowError, RowPreparer
+from batchgen.job.prepare_stage import PrepareItem, ProcessPreparer, prepare_batch
 from batchgen.job.score_output import echo_prompt, score_output_row
 from batchgen.job.shard_assembly import write_stage
 from batchgen.job.stages import (
@@ -88,13 +88,6 @@ def _fewer_collections() -> Iterator[None]:
                 gc.set_threshold(*_gc_saved)
                 if _gc_froze:
                     gc.unfreeze()
-
-
-@dataclass(frozen=True, slots=True)
-class _Batch:
-    shard: ShardMeta
-    first_row_idx: int
-    batch: pa.RecordBatch
 
 
 def _error_outputs(row: PreparedRow, error: RowError) -> list[OutputRow]:
@@ -160,14 +153,17 @@ async def run_pipeline(
     sink: Sink,
     shards: Sequence[ShardMeta],
     options: PipelineOptions,
+    remote: ProcessPreparer | None = None,
 ) -> PipelineStats:
     """Run every shard through the engine into the sink. Raises JobError (error rate), and
-    re-raises a stage's exception after cancelling the others; the sink is aborted on failure."""
+    re-raises a stage's exception after cancelling the others; the sink is aborted on failure.
+    With `remote`, rows are prepared by that preparer in its child process
+    (`batchgen.job.prepare_stage`); `preparer` is then not used."""
     stats = PipelineStats(num_rows=sum(s.num_rows for s in shards))
     engine_before = engine.stats().as_dict()
     progress = Progress(stats.num_rows, options.use_tqdm, options.on_progress)
     start = time.perf_counter()
-    send_batches, recv_batches = anyio.create_memory_object_stream[_Batch](_STREAM_BUFFER)
+    send_batches, recv_batches = anyio.create_memory_object_stream[PrepareItem](_STREAM_BUFFER)
     send_rows, recv_rows = anyio.create_memory_object_stream[list[PreparedRow]](_STREAM_BUFFER)
     send_windows, recv_windows = anyio.create_memory_object_stream[list[PreparedRow]](_STREAM_BUFFER)
     send_results, recv_results = anyio.create_memory_object_stream[list[RowResult]](_STREAM_BUFFER)
@@ -176,7 +172,10 @@ async def run_pipeline(
         with _fewer_collections(), StepThread() as engine_thread:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(_read, source, shards, options, stats, send_batches)
-                tg.start_soon(_prepare, preparer, options, recv_batches, send_rows)
+                if remote is None:
+                    tg.start_soon(_prepare, preparer, options, recv_batches, send_rows)
+                else:
+                    tg.start_soon(_prepare_in_process, remote, recv_batches, send_rows)
                 tg.start_soon(_order, options, stats, recv_rows, send_windows)
                 tg.start_soon(
                     _engine_loop, engine, engine_thread, options, progress, recv_windows, send_results, stats
@@ -201,7 +200,7 @@ async def _read(
     shards: Sequence[ShardMeta],
     options: PipelineOptions,
     stats: PipelineStats,
-    send: ObjectSendStream[_Batch],
+    send: ObjectSendStream[PrepareItem],
 ) -> None:
     """Stream each shard's batches. An unreadable shard stops the job, or under
     ``on_bad_shard: skip`` goes into `stats.bad_shards` (the write stage then drops it)."""
@@ -215,7 +214,7 @@ async def _read(
                 stats.bad_shards[shard.name] = str(exc)
 
 
-async def _read_shard(source: Source, shard: ShardMeta, send: ObjectSendStream[_Batch]) -> None:
+async def _read_shard(source: Source, shard: ShardMeta, send: ObjectSendStream[PrepareItem]) -> None:
     it = source.iter_batches(shard)
     first = 0
     try:
@@ -223,7 +222,7 @@ async def _read_shard(source: Source, shard: ShardMeta, send: ObjectSendStream[_
             batch = await anyio.to_thread.run_sync(next, it, None)
             if batch is None:
                 break
-            await send.send(_Batch(shard, first, batch))
+            await send.send(PrepareItem(shard, first, batch))
             first += batch.num_rows
     finally:
         close: Callable[[], None] | None = getattr(it, "close", None)
@@ -235,69 +234,42 @@ async def _read_shard(source: Source, shard: ShardMeta, send: ObjectSendStream[_
         )
 
 
-def _column(batch: pa.RecordBatch, name: str | None, problems: list[RowError | None]) -> list[Any] | None:
-    """The column's values; a value that cannot be read (pyarrow does not validate UTF-8 on
-    read) is None, with a row error in `problems` at its position."""
-    if name is None:
-        return None
-    array = batch.column(batch.schema.get_field_index(name))
-    try:
-        values: list[Any] = array.to_pylist()
-    except UnicodeDecodeError:
-        values = []
-        for i in range(len(array)):
-            try:
-                values.append(array[i].as_py())
-            except UnicodeDecodeError as exc:
-                values.append(None)
-                if problems[i] is None:
-                    problems[i] = RowError("invalid_utf8", f"column '{name}' is not valid UTF-8 ({exc.reason})")
-    return values
-
-
-def _row_errors(batch: pa.RecordBatch, name: str | None, problems: list[RowError | None]) -> None:
-    """Fold a reader's struct<code, message> error column into `problems`."""
-    values = _column(batch, name, problems)
-    for i, value in enumerate(values or ()):
-        if value is not None and problems[i] is None:
-            problems[i] = RowError(str(value.get("code") or "invalid_request"), str(value.get("message") or ""))
-
-
-def _prepare_batch(preparer: RowPreparer, options: PipelineOptions, item: _Batch) -> list[PreparedRow]:
-    cols = options.columns
-    batch = item.batch
-    problems: list[RowError | None] = [None] * batch.num_rows
-    _row_errors(batch, cols.row_error, problems)
-    ids = _column(batch, cols.id, problems) or []
-    passthrough_cols = [_column(batch, name, problems) or [] for name in cols.passthrough]
-    passthrough = [tuple(col[i] for col in passthrough_cols) for i in range(batch.num_rows)]
-    return preparer.prepare(
-        item.shard.index,
-        item.first_row_idx,
-        ids,
-        _column(batch, cols.prompt, problems),
-        _column(batch, cols.messages, problems),
-        _column(batch, cols.sampling_params, problems),
-        passthrough,
-        token_ids=_column(batch, cols.prompt_token_ids, problems),
-        row_errors=problems,
-        completions=_column(batch, cols.completion, problems),
-        echo=_column(batch, cols.echo, problems),
-    )
-
-
 async def _prepare(
     preparer: RowPreparer,
     options: PipelineOptions,
-    recv: ObjectReceiveStream[_Batch],
+    recv: ObjectReceiveStream[PrepareItem],
     send: ObjectSendStream[list[PreparedRow]],
 ) -> None:
     async with recv, send:
         async for item in recv:
-            rows = await anyio.to_thread.run_sync(_prepare_batch, preparer, options, item)
-            if item.first_row_idx + item.batch.num_rows == item.shard.num_rows:
+            rows = await anyio.to_thread.run_sync(prepare_batch, preparer, options.columns, item)
+            if item.ends_shard:
                 preparer.forget_shard(item.shard.index)
             await send.send(rows)
+
+
+async def _prepare_in_process(
+    remote: ProcessPreparer,
+    recv: ObjectReceiveStream[PrepareItem],
+    send: ObjectSendStream[list[PreparedRow]],
+) -> None:
+    """The prepare stage in a child process: up to _STREAM_BUFFER batches queued there while the
+    prepared ones are passed on, in order."""
+    send_futures, recv_futures = anyio.create_memory_object_stream[Future[list[PreparedRow]]](_STREAM_BUFFER)
+
+    async def submit() -> None:
+        async with recv, send_futures:
+            async for item in recv:
+                await send_futures.send(remote.submit(item))
+
+    async def collect() -> None:
+        async with recv_futures, send:
+            async for future in recv_futures:
+                await send.send(await anyio.to_thread.run_sync(future.result, abandon_on_cancel=True))
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(submit)
+        tg.start_soon(collect)
 
 
 async def _order(
@@ -478,10 +450,11 @@ def run_pipeline_sync(
     sink: Sink,
     shards: Sequence[ShardMeta],
     options: PipelineOptions,
+    remote: ProcessPreparer | None = None,
 ) -> PipelineStats:
     """run_pipeline in a fresh event loop; a stage's failure comes out as itself, not wrapped."""
     try:
-        return anyio.run(run_pipeline, engine, preparer, source, sink, shards, options)
+        return anyio.run(run_pipeline, engine, preparer, source, sink, shards, options, remote)
     except BaseExceptionGroup as group:
         raise _root_cause(group) from group
 

@@ -54,7 +54,7 @@ from batchgen.tokenizer.chat_template import (
 )
 from batchgen.tokenizer.tokenizer import Tokenizer
 
-__all__ = ["MAX_TRACKED_IDS", "PreparedRow", "RowError", "RowPreparer", "id_hash", "row_seed"]
+__all__ = ["MAX_TRACKED_IDS", "IdState", "PreparedRow", "RowError", "RowPreparer", "id_hash", "row_seed"]
 
 MAX_TRACKED_IDS = 4_000_000  # ~70 bytes each in a Python set: a few hundred MB at most
 
@@ -92,6 +92,16 @@ def row_seed(job_seed: int, row_id: int | str) -> int:
     """The base seed of a row, from the job seed and the row id (stable across runs)."""
     key = row_id if isinstance(row_id, int) else xxhash.xxh64_intdigest(row_id.encode("utf-8"))
     return derive_seed(job_seed, key)
+
+
+@dataclass(frozen=True, slots=True)
+class IdState:
+    """A preparer's id sets (`RowPreparer.id_state`): the ids seen in each shard not yet
+    forgotten, the run's id hashes, and the duplicates counted across shards."""
+
+    seen_ids: dict[int, set[int | str]]
+    job_id_hashes: set[int]
+    num_duplicate_ids_across_shards: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,6 +157,16 @@ class RowPreparer:
 
     def forget_shard(self, shard: int) -> None:
         self._seen_ids.pop(shard, None)
+
+    def id_state(self) -> IdState:
+        """The id sets as they are now (shared, not copied: for handing to another process)."""
+        return IdState(self._seen_ids, self._job_id_hashes, self.num_duplicate_ids_across_shards)
+
+    def restore_id_state(self, state: IdState) -> None:
+        """Take over `state`'s id sets (a copy of this preparer that prepared rows elsewhere)."""
+        self._seen_ids = state.seen_ids
+        self._job_id_hashes = state.job_id_hashes
+        self.num_duplicate_ids_across_shards = state.num_duplicate_ids_across_shards
 
     def prepare(
         self,

@@ -18,6 +18,7 @@ May import: batchgen.job, batchgen.engine, batchgen.io, batchgen.sim.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import time
@@ -44,6 +45,7 @@ from batchgen.job.files import FileSource
 from batchgen.job.openai_batch import OpenAIBatchSource, plan_openai_shards
 from batchgen.job.pipeline import run_pipeline_sync
 from batchgen.job.prepare import RowPreparer
+from batchgen.job.prepare_stage import PrepareProcess, ProcessPreparer
 from batchgen.job.run import pipeline_options
 from batchgen.job.stages import PipelineStats, ShardMeta, ShardStats, Source
 from batchgen.job.summary import make_summary
@@ -154,10 +156,13 @@ def simulate_job(
     token_source: str,
     workers: int | None = None,
     use_tqdm: bool = True,
+    prepare_in_process: bool = True,
 ) -> SimulationResult:
     """Simulate the job on `hardware` (see the module docstring). `token_source` names how
-    output lengths were chosen, for the summary. Raises InputError for inputs that cannot be
-    read and ValueError for engine settings that cannot work on this hardware."""
+    output lengths were chosen, for the summary. `prepare_in_process`: rows are prepared in a
+    child process (`batchgen.job.prepare_stage`; the same rows as in a thread, without sharing
+    the GIL with the engine's steps). Raises InputError for inputs that cannot be read and
+    ValueError for engine settings that cannot work on this hardware."""
     started = time.perf_counter()
     if config.sampling.seed is not None:
         # One seed for every row draws the same noise; the simulation keys output lengths by
@@ -183,15 +188,21 @@ def simulate_job(
     source, sink = _source(config), _DropSink()
     total = PipelineStats()
     per_worker: list[dict[str, Any]] = [{"shards": 0, "rows": 0} for _ in sims]
-    if workers is None:
-        _add(total, run_pipeline_sync(sims[0].engine, preparers[0], source, sink, shards, options))
-    else:
-        for shard in shards:
-            # The driver's dispatch: the worker idle first (ties: the lower slot) takes the next.
-            w = min(range(len(sims)), key=lambda i: (sims[i].clock.now(), i))
-            _add(total, run_pipeline_sync(sims[w].engine, preparers[w], source, sink, [shard], options))
-            per_worker[w]["shards"] += 1
-            per_worker[w]["rows"] += shard.num_rows
+    with contextlib.ExitStack() as stack:
+        process = stack.enter_context(PrepareProcess(preparers, options.columns)) if prepare_in_process else None
+
+        def remote(w: int) -> ProcessPreparer | None:
+            return None if process is None else ProcessPreparer(process, w)
+
+        if workers is None:
+            _add(total, run_pipeline_sync(sims[0].engine, preparers[0], source, sink, shards, options, remote(0)))
+        else:
+            for shard in shards:
+                # The driver's dispatch: the worker idle first (ties: the lower slot) takes the next.
+                w = min(range(len(sims)), key=lambda i: (sims[i].clock.now(), i))
+                _add(total, run_pipeline_sync(sims[w].engine, preparers[w], source, sink, [shard], options, remote(w)))
+                per_worker[w]["shards"] += 1
+                per_worker[w]["rows"] += shard.num_rows
     predicted = max(sim.clock.now() for sim in sims) - start
     total.wall_s = predicted
     summary = make_summary(
