@@ -157,6 +157,13 @@ def test_a_script_without_a_main_guard_is_not_imported_again(tmp_path: Path) -> 
     assert done.stdout.splitlines() == ["script body ran", "ids [1, 4, 9]"]
 
 
+def test_the_childs_module_imports_no_torch() -> None:
+    """The child starts in about half a second because nothing it imports pulls in torch."""
+    code = "import sys, batchgen.job.prepare_stage; assert 'torch' not in sys.modules, 'torch imported'"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+
+
 def test_a_simulation_is_the_same_with_rows_prepared_in_a_process_or_a_thread(tmp_path: Path) -> None:
     from batchgen.cli.simulate import _token_source
     from batchgen.job.config_file import load_job_config
