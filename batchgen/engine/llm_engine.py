@@ -18,6 +18,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 import torch
 
@@ -43,6 +44,8 @@ from batchgen.models.llama import LlamaModel
 from batchgen.radix import KVCacheManager
 
 __all__ = ["EngineStats", "LLMEngine"]
+
+_seq_id_of = attrgetter("seq_id")
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 # CPU KV pool when no size is given: a share of the memory free at start, capped (vLLM-CPU
@@ -134,6 +137,7 @@ class LLMEngine:
         num_kv_blocks: int | None = None,
         clock: Callable[[], float] = time.time,
         reuse_written_blocks_first: bool | None = None,
+        decode_text: bool = True,
     ) -> None:
         """runner: None builds a `ModelRunner` over the checkpoint's weights; an injected one
         (the simulator's) comes with its pool size, `num_kv_blocks` (a value found for its
@@ -141,8 +145,10 @@ class LLMEngine:
         start and end and for latency records (the timeline's times come from it).
         reuse_written_blocks_first: the block pool's order (see `KVCacheManager`'s
         `is_lazily_committed`); None: as the model's KV pool is committed (a CPU pool's pages on
-        first write: True), False for an injected runner. Raises ValueError for sizes that
-        cannot work."""
+        first write: True), False for an injected runner. decode_text: False leaves a finished
+        sample's `text` empty unless the request has stop strings (a simulation's filler tokens
+        say nothing, and decoding them cost a few percent of its engine thread). Raises
+        ValueError for sizes that cannot work."""
         if num_kv_blocks is not None and runner is None:
             raise ValueError("num_kv_blocks goes with an injected runner; set CacheConfig.num_kv_blocks")
         self.tokenizer = checkpoint.tokenizer
@@ -201,6 +207,11 @@ class LLMEngine:
         self._requests: dict[int, _Request] = {}
         self._seq_to_request: dict[int, _Request] = {}
         self._num_detokenized = 0  # requests with stop strings (their samples are detokenized)
+        self._decode_text = decode_text
+        # Each sequence's list of token times: sample 0's is its request's latency record, the
+        # other samples share one scratch list, emptied every step (see `step`).
+        self._token_times_of: dict[int, list[float]] = {}
+        self._scratch_times: list[float] = []
         self._request_ids = itertools.count()
         self._seq_ids = itertools.count()
         self._num_steps = 0
@@ -320,6 +331,7 @@ class LLMEngine:
         self._num_detokenized += bool(stop)
         for seq in seqs:
             self._seq_to_request[seq.seq_id] = request
+            self._token_times_of[seq.seq_id] = request.token_times if seq.sample_index == 0 else self._scratch_times
             if grammar is not None:
                 self.structured.add(seq.seq_id, grammar)
         self.scheduler.add(seqs[0], seqs[1:])
@@ -380,12 +392,12 @@ class LLMEngine:
         advanced = self.scheduler.update(plan, result)
         self._generation_tokens += len(advanced)
         finished: list[RequestOutput] = []
-        ended: dict[int, _Request] = {}  # requests with a sample that finished in this step
-        finished_status = SequenceStatus.FINISHED
-        # Each advanced sequence received exactly one token in this step: its first sample's
-        # time, then the stop strings of the requests that have them.
-        token_times = [seq_to_request[seq.seq_id].token_times for seq in advanced if seq.sample_index == 0]
+        # Each advanced sequence received exactly one token in this step: its time (C-level
+        # passes: into sample 0's latency record, or the scratch list of the other samples),
+        # then the stop strings of the requests that have them.
+        token_times = map(self._token_times_of.__getitem__, map(_seq_id_of, advanced))
         deque(map(list.append, token_times, itertools.repeat(t_tokens)), maxlen=0)
+        self._scratch_times.clear()
         if self._num_detokenized:
             for seq in advanced:
                 detok = seq_to_request[seq.seq_id].detokenizers[seq.sample_index]
@@ -395,10 +407,16 @@ class LLMEngine:
                         detok.finish()  # its stop string, if any, wins in _finish
                     elif matched is not None:
                         self.scheduler.finish(seq.seq_id, "stop", matched)
-        for seq in advanced:
-            if seq.status is finished_status:
-                request = seq_to_request[seq.seq_id]
-                ended[request.request_id] = request
+        # The requests with a sample that finished in this step, each once, in the order of
+        # `advanced`: the scheduler's list of the sequences it finished is in that order; a
+        # stop string ends one after the others, so with stop strings `advanced` is read again.
+        ended_seqs = self.scheduler.pop_finished()
+        if self._num_detokenized:
+            ended_seqs = [seq for seq in advanced if seq.status is SequenceStatus.FINISHED]
+        ended: dict[int, _Request] = {}
+        for seq in ended_seqs:
+            request = seq_to_request[seq.seq_id]
+            ended[request.request_id] = request
         for request in ended.values():
             if all(s.is_finished for s in request.seqs):
                 finished.append(self._finish(request))
@@ -529,8 +547,10 @@ class LLMEngine:
             token_ids = tuple(seq.generated_token_ids)
             if detok is not None:
                 text = detok.text
-            else:
+            elif self._decode_text:
                 text = self.tokenizer.decode(list(token_ids), skip_special_tokens=request.params.skip_special_tokens)
+            else:
+                text = ""
             finish_reason, stop_reason = seq.finish_reason or "length", seq.stop_reason
             if detok is not None and detok.stop_string is not None:
                 # A stop string completed by a token that also ended the sequence (EOS, a stop
@@ -554,6 +574,7 @@ class LLMEngine:
             self.sampler.release(seq.seq_id)
             self.structured.release(seq.seq_id)
             del self._seq_to_request[seq.seq_id]
+            del self._token_times_of[seq.seq_id]
         del self._requests[request.request_id]
         self._num_detokenized -= request.detokenizers[0] is not None
         first_scheduled = request.first_scheduled_time

@@ -44,7 +44,8 @@ class Scheduler:
     """Continuous (or static) batching over a KV block manager.
 
     `add` queues sequences; `schedule` plans a step; `update` applies the step's sampled tokens;
-    `finish` ends a sequence early (a stop string found by the engine).
+    `finish` ends a sequence early (a stop string found by the engine); `pop_finished` lists
+    the sequences finished since it was last asked.
     """
 
     # Admission bounds the running sequences' reserve before it sums it (see `_admit`); the
@@ -77,6 +78,7 @@ class Scheduler:
         # look each one up.
         self._last_plan: StepPlan | None = None
         self._last_decodes: list[Sequence] = []
+        self._finished: list[Sequence] = []  # finished since `pop_finished`, in order
 
     # ----------------------------------------------------------------- queue
     def add(self, seq: Sequence, children: Iterable[Sequence] = ()) -> None:
@@ -535,6 +537,13 @@ class Scheduler:
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason
         seq.stop_reason = stop_reason
+        self._finished.append(seq)
+
+    def pop_finished(self) -> list[Sequence]:
+        """The sequences finished since the last call, in the order they finished (the
+        engine's step asks once, so that it need not look at every sequence it advanced)."""
+        finished, self._finished = self._finished, []
+        return finished
 
     def release(self, seq_id: int) -> None:
         """Forget a finished sequence (its request has been returned)."""

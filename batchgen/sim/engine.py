@@ -135,5 +135,6 @@ def build_sim_engine(
         num_kv_blocks=num_blocks,
         clock=clock.now,
         reuse_written_blocks_first=profile.kv_committed_on_write,
+        decode_text=False,
     )
     return SimEngine(engine, runner, clock, profile)

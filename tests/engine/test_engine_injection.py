@@ -146,3 +146,77 @@ def test_a_real_engine_keeps_latency_records_on_the_wall_clock(tmp_path: Path) -
     # max_num_seqs 2: the third request waited for a slot.
     third = next(o for o in outs if o.prompt_token_ids == tuple(prompts[2])).metrics
     assert third is not None and third.queue_s > 0
+
+
+class WordRunner(OneSecondRunner):
+    """Every sample draws WORD (a token with text); each step takes one second."""
+
+    def execute(self, plan: StepPlan) -> StepResult:
+        self.plans.append(plan)
+        self.clock.t += 1.0
+        return StepResult({c.seq_id: (WORD,) * c.num_samples for c in plan.chunks if c.num_samples})
+
+
+WORD = 1500  # " langu"
+
+
+def _word_engine(*, decode_text: bool = True) -> LLMEngine:
+    clock = FakeClock(0.0)
+    return LLMEngine(
+        _checkpoint(),
+        scheduler_config=SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=None),
+        cache_config=CacheConfig(block_size=4),
+        runner_config=RunnerConfig(max_model_len=64),
+        runner=WordRunner(clock),
+        num_kv_blocks=40,
+        clock=clock.now,
+        decode_text=decode_text,
+    )
+
+
+def _run_all(engine: LLMEngine) -> list[list[int]]:
+    """The request ids each step returned, step by step."""
+    steps = []
+    while engine.has_unfinished():
+        steps.append([out.request_id for out in engine.step()])
+    return steps
+
+
+def test_requests_finished_in_one_step_come_out_in_plan_order() -> None:
+    engine = _word_engine()
+    length = SamplingParams(max_tokens=2, ignore_eos=True)
+    ids = [engine.add_request([1, 2, 3, 4, 5], length) for _ in range(3)]
+    assert _run_all(engine) == [[], ids]
+    # `a` is first in the plan and ends on its stop string, which the engine finds after the
+    # scheduler has ended b and c on their length: it still comes first.
+    engine = _word_engine()
+    a = engine.add_request([1, 2, 3], SamplingParams(max_tokens=8, stop=[" langu langu"]))
+    b = engine.add_request([1, 2, 3, 4], length)
+    c = engine.add_request([1, 2, 3, 4, 5], length)
+    assert _run_all(engine) == [[], [a, b, c]]
+
+
+def test_only_the_first_sample_keeps_token_times() -> None:
+    engine = _word_engine()
+    engine.add_request([1, 2, 3], SamplingParams(max_tokens=3, ignore_eos=True, n=2, seed=1, temperature=1.0))
+    outs = []
+    while engine.has_unfinished():
+        outs += engine.step()
+        assert engine._scratch_times == []  # the other samples' times are dropped every step
+    (out,) = outs
+    assert out.metrics is not None and out.metrics.token_times == (1.0, 2.0, 3.0)
+    assert [len(o.token_ids) for o in out.outputs] == [3, 3]
+
+
+def test_an_engine_without_text_decodes_only_requests_with_stop_strings() -> None:
+    engine = _word_engine(decode_text=False)
+    plain = engine.add_request([1, 2, 3], SamplingParams(max_tokens=2, ignore_eos=True))
+    stopped = engine.add_request([1, 2, 3, 4], SamplingParams(max_tokens=2, ignore_eos=True, stop=["zz"]))
+    texts = {}
+    while engine.has_unfinished():
+        texts.update({o.request_id: o.outputs[0].text for o in engine.step()})
+    assert texts == {plain: "", stopped: " langu langu"}
+    engine = _word_engine()
+    engine.add_request([1, 2, 3], SamplingParams(max_tokens=2, ignore_eos=True))
+    (out,) = engine.step() + engine.step()
+    assert out.outputs[0].text == " langu langu"
