@@ -106,10 +106,13 @@ def prepare_batch(preparer: RowPreparer, cols: ColumnMap, item: PrepareItem) -> 
     )
 
 
-def _child_main(read_fd: int, write_fd: int) -> None:
-    """The child's loop: requests from the parent, answers in the same order (see `PrepareProcess`)."""
+def _child_main(read_fd: int, write_fd: int, niceness: int = 0) -> None:
+    """The child's loop: requests from the parent, answers in the same order (see `PrepareProcess`);
+    `niceness` is added to the child's before it starts."""
     # Ctrl-C reaches the whole process group; the parent decides what stops, and ends the child.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if niceness:
+        os.nice(niceness)
     requests, answers = Connection(read_fd, writable=False), Connection(write_fd, readable=False)
     preparers: list[RowPreparer] = []
     columns: ColumnMap | None = None
@@ -162,13 +165,23 @@ class PrepareProcess:
     on an exception ends the child at once (`terminate`).
 
     The child is a plain `python -c` of this module, not a multiprocessing child, which would
-    import the caller's main script again (and hang in a script without a main guard)."""
+    import the caller's main script again (and hang in a script without a main guard).
 
-    def __init__(self, preparers: Sequence[RowPreparer], columns: ColumnMap) -> None:
+    `niceness` (added to the child's, 0 to 19) lowers the child's CPU priority below its
+    parent's: where the cores are fewer than the threads that want them, the parent's work (a
+    simulation's engine steps, the job's critical path) keeps its core and the child takes what
+    is left; where they are not, it changes nothing."""
+
+    def __init__(self, preparers: Sequence[RowPreparer], columns: ColumnMap, *, niceness: int = 0) -> None:
+        if not 0 <= niceness <= 19:
+            raise ValueError(f"niceness must be in [0, 19], got {niceness}")
         self._preparers = list(preparers)
         to_child_r, to_child_w = os.pipe()
         from_child_r, from_child_w = os.pipe()
-        code = f"from batchgen.job.prepare_stage import _child_main; _child_main({to_child_r}, {from_child_w})"
+        code = (
+            "from batchgen.job.prepare_stage import _child_main; "
+            f"_child_main({to_child_r}, {from_child_w}, {niceness})"
+        )
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
         try:
             self._child = subprocess.Popen(

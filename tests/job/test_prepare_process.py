@@ -1,7 +1,7 @@
 """Rows prepared in a child process (`batchgen.job.prepare_stage.PrepareProcess`, a simulation's
 prepare stage): the same rows and id sets as in a thread, errors raised as themselves, a dead
-child failing its futures instead of hanging, no re-import of the caller's script, and a whole
-simulation equal either way."""
+child failing its futures instead of hanging, no re-import of the caller's script, the child's
+niceness, and a whole simulation equal either way."""
 
 from __future__ import annotations
 
@@ -164,7 +164,34 @@ def test_the_childs_module_imports_no_torch() -> None:
     assert done.returncode == 0, done.stderr
 
 
-def test_a_simulation_is_the_same_with_rows_prepared_in_a_process_or_a_thread(tmp_path: Path) -> None:
+def test_the_child_runs_at_the_niceness_asked_and_a_simulation_asks_ten(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    mine = os.getpriority(os.PRIO_PROCESS, 0)
+    for niceness in (0, 7):
+        with PrepareProcess([_preparer()], COLUMNS, niceness=niceness) as process:
+            process.submit(0, ITEMS[2]).result(timeout=60)  # started: the niceness is set before
+            assert os.getpriority(os.PRIO_PROCESS, process.pid) == min(19, mine + niceness)
+    with pytest.raises(ValueError, match="niceness"):
+        PrepareProcess([_preparer()], COLUMNS, niceness=20)
+    import batchgen.sim.job as sim_job
+
+    asked = []
+
+    class Recording(PrepareProcess):
+        def __init__(self, *args: Any, niceness: int = 0) -> None:
+            asked.append(niceness)
+            super().__init__(*args, niceness=niceness)
+
+    monkeypatch.setattr(sim_job, "PrepareProcess", Recording)
+    simulate = _small_simulation(tmp_path)
+    simulate(None, True)
+    assert asked == [sim_job.PREPARE_NICENESS] == [10]
+
+
+def _small_simulation(tmp_path: Path) -> Any:
+    """`simulate(workers, prepare_in_process)` of a small job (3 shards of 40 rows, the third
+    repeating the first's ids)."""
     from batchgen.cli.simulate import _token_source
     from batchgen.job.config_file import load_job_config
     from batchgen.sim.engine import load_sim_model
@@ -185,13 +212,22 @@ def test_a_simulation_is_the_same_with_rows_prepared_in_a_process_or_a_thread(tm
     config = load_job_config(path, [])
     model = load_sim_model(None)
     tokens, source = _token_source(argparse.Namespace(outputs_from=None, output_lens=None), config, model)
+
+    def simulate(workers: int | None, in_process: bool) -> Any:
+        return simulate_job(
+            config, model=model, hardware=load_hardware("h100-sxm"), tokens=tokens, token_source=source,
+            workers=workers, use_tqdm=False, prepare_in_process=in_process,
+        )
+
+    return simulate
+
+
+def test_a_simulation_is_the_same_with_rows_prepared_in_a_process_or_a_thread(tmp_path: Path) -> None:
+    simulate = _small_simulation(tmp_path)
     results = {}
     for workers in (None, 2):
         for in_process in (True, False):
-            results[workers, in_process] = simulate_job(
-                config, model=model, hardware=load_hardware("h100-sxm"), tokens=tokens, token_source=source,
-                workers=workers, use_tqdm=False, prepare_in_process=in_process,
-            )
+            results[workers, in_process] = simulate(workers, in_process)
     for workers in (None, 2):
         a, b = results[workers, True], results[workers, False]
         assert a.summary["rows"] == b.summary["rows"] and a.summary["tokens"] == b.summary["tokens"]
