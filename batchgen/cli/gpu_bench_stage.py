@@ -6,7 +6,9 @@ jobs/gpu/gpu_job.py prepare writes the carried one), or are built from ShareGPT 
 is installed. The first `num_prompts` are written to the work directory and replayed through
 `run_workload_bench` once per batching mode, each with a fresh engine on a KV pool of
 `max_kv_blocks` blocks, after a short warm-up run that compiles the kernels (its time is not
-counted). Figures land in DIR/engine_bench.json and in the stage's entry.
+counted). Figures land in DIR/engine_bench.json and in the stage's entry; each mode's run also
+as `batchgen bench --out` writes it, DIR/bench_<mode>.json with its `.timeline.parquet`, which
+`batchgen simulate --calibrate DIR/bench_continuous.json` fits a profile of this device from.
 
 Imports the cli bench and the data, engine and models layers (cli layer).
 """
@@ -23,11 +25,16 @@ from batchgen.data.workloads import BenchRequest, build_workload, read_requests,
 from batchgen.engine.config import CacheConfig, RunnerConfig, SchedulerConfig
 from batchgen.models.checkpoint import load_checkpoint
 
-__all__ = ["BENCH_FILE", "run_bench_stage"]
+__all__ = ["BENCH_FILE", "calibration_file", "run_bench_stage"]
 
 BENCH_FILE = "engine_bench.json"
 _WARMUP_REQUESTS = 8
 _WARMUP_TOKENS = 4
+
+
+def calibration_file(out_dir: Path, mode: str) -> Path:
+    """The bench JSON of one batching mode's run (its timeline beside it), for calibration."""
+    return out_dir / f"bench_{mode}.json"
 
 
 def _requests(model: str | None, requests: Path | None, *, num_prompts: int, max_tokens: int) -> list[BenchRequest]:
@@ -67,7 +74,7 @@ def run_bench_stage(
     runner = RunnerConfig(device=device, dtype=dtype, max_model_len=max_model_len)
     cache = CacheConfig(num_kv_blocks=max_kv_blocks)
 
-    def run(path: Path, batching: str) -> BenchResult:
+    def run(path: Path, batching: str, out: Path | None = None) -> BenchResult:
         sched = SchedulerConfig(
             max_num_seqs=max_num_seqs,
             max_num_batched_tokens=max_num_batched_tokens,
@@ -83,11 +90,12 @@ def run_bench_stage(
             runner_config=runner,
             requests_in=path,
             use_tqdm=False,
+            out=out,
         )
         return result
 
     run(warm, "continuous")  # compiles the kernels; not counted
-    results = {mode: dataclasses.asdict(run(replay, mode)) for mode in ("continuous", "static")}
+    results = {mode: dataclasses.asdict(run(replay, mode, calibration_file(out_dir, mode))) for mode in ("continuous", "static")}
     for figures in results.values():
         figures["ms_per_step"] = round(1000 * figures["wall_s"] / max(1, figures["num_steps"]), 3)
     continuous, static = results["continuous"], results["static"]

@@ -1,4 +1,5 @@
-"""Calibration: this machine's cost-model coefficients, fitted from a real run's timeline.
+"""Calibration: the cost-model coefficients of the machine a real run ran on (this CPU, or a GPU
+whose bench files were copied here), fitted from the run's timeline.
 
 Owns `calibrate`: each `timeline.parquet` row is an interval of steps with its work counts
 (prefill and decode tokens, sampled tokens, sequences, attention pairs, context tokens read) and
@@ -52,6 +53,7 @@ class RunRecord:
     num_kv_blocks: int
     block_size: int
     source: Path
+    device: str = "cpu"  # the engine's device ("cpu", "cuda:0"); a CPU pool is committed on write
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +109,7 @@ def read_run(path: Path) -> RunRecord:
         num_kv_blocks=int(engine.get("num_kv_blocks", 0)),
         block_size=int(cache.get("block_size", run.get("block_size", 16))),
         source=path,
+        device=str(engine.get("device", "cpu")),
     )
 
 
@@ -169,11 +172,15 @@ def fit_profile(
     dtype_bytes: int,
     kv_cache_bytes: float | None,
     name: str,
+    device: str = "cpu",
+    source: str | None = None,
 ) -> Calibration:
     """Fit the four coefficients to intervals (see the module docstring). Attention is priced at
     the GEMMs' rate: a separate attention rate fitted from the demo job swung from 40 to 11
     GFLOP/s between two runs of it (its prompts are short, so its attention pairs follow its
-    prefill tokens) and mispredicted long-context work by up to +171%."""
+    prefill tokens) and mispredicted long-context work by up to +171%. `device`: the run's
+    (a CPU run's KV pool is committed as blocks are written, a GPU's up front); `source`: the
+    run, named in the profile's description."""
     unit = HardwareProfile(
         name=name, description="", peak_flops=1.0, memory_bandwidth=1.0, memory_bytes=1.0,
         compute_efficiency=1.0, memory_efficiency=1.0, step_overhead_s=0.0, seq_overhead_s=0.0,
@@ -189,7 +196,7 @@ def fit_profile(
     memory = kv_cache_bytes if kv_cache_bytes else 1.0
     profile = HardwareProfile(
         name=name,
-        description=f"calibrated on {platform.node() or 'this machine'} ({platform.processor() or platform.machine()})",
+        description=_description(device, source),
         peak_flops=1.0 / per_flop if per_flop > 0 else _UNLIMITED,
         memory_bandwidth=1.0 / per_byte if per_byte > 0 else _UNLIMITED,
         memory_bytes=float(memory),
@@ -201,7 +208,7 @@ def fit_profile(
         dtype_bytes=dtype_bytes,
         memory_utilization=1.0,
         kv_cache_bytes=kv_cache_bytes,
-        kv_committed_on_write=True,  # a CPU run's pool
+        kv_committed_on_write=device.split(":", 1)[0] == "cpu",
     )
     fitted = CostModel(shape, profile)
     predicted = np.array([fitted.seconds(w) for w in works])
@@ -220,4 +227,16 @@ def calibrate(run: RunRecord, shape: ModelShape, *, name: str = "calibrated") ->
     """Fit a profile to `run` for a model of `shape` (the run's model)."""
     block_bytes = shape.kv_bytes_per_token(run.dtype_bytes) * run.block_size
     kv_bytes = float(run.num_kv_blocks * block_bytes) if run.num_kv_blocks else None
-    return fit_profile(run.works, run.seconds, shape, dtype_bytes=run.dtype_bytes, kv_cache_bytes=kv_bytes, name=name)
+    return fit_profile(
+        run.works, run.seconds, shape, dtype_bytes=run.dtype_bytes, kv_cache_bytes=kv_bytes, name=name,
+        device=run.device, source=str(run.source),
+    )
+
+
+def _description(device: str, source: str | None) -> str:
+    """Where the fitted run ran: this machine for a CPU run, else the device it names (a GPU
+    run's files are calibrated wherever they were copied to)."""
+    where = f"{platform.node() or 'this machine'} ({platform.processor() or platform.machine()})"
+    if device.split(":", 1)[0] != "cpu":
+        where = f"a {device} device"
+    return f"calibrated on {where}" + (f" from {source}" if source else "")

@@ -6,7 +6,8 @@
 #   a second try, later stages only:  "bash jobs/gpu/device_check.sh --stages engine,bench,attention"
 #
 # Figures land in $OUT: gpu_check.json (rewritten after every stage), gpu_check.log (this
-# output), pytest_kernels.log, engine_bench.json. The check stops itself before timeout_s:
+# output), pytest_kernels.log, engine_bench.json, bench_{continuous,static}.json with their
+# .timeline.parquet (for `batchgen simulate --calibrate`). The check stops itself before timeout_s:
 # stages get GPU_CHECK_BUDGET_S seconds (270), and a hard `timeout` ends the command at 300 s.
 set -uo pipefail
 : "${OUT:?OUT must name the folder whose files come back (the device tool sets it)}"

@@ -124,7 +124,7 @@ def dry_run(carry: Path, *, repo: Path = REPO, limit_bytes: int = LIMIT_BYTES, p
     if total > limit_bytes:
         problems.append(f"{total / 2**20:.2f} MiB would travel, over the {limit_bytes / 2**20:.0f} MiB limit")
     print(f'device call: run(command="{DEVICE_COMMAND}", carry=["{carry.name}"], timeout_s={TIMEOUT_S})')
-    print("figures come back in $OUT: gpu_check.json, gpu_check.log, pytest_kernels.log, engine_bench.json")
+    print("figures come back in $OUT: gpu_check.json, gpu_check.log, pytest_kernels.log, engine_bench.json, bench_continuous.json, bench_static.json (+ .timeline.parquet)")
     if preflight and not problems:
         cmd = [sys.executable, "-m", "batchgen", "gpu-check", "--preflight", "--out", str(repo / "out" / "gpu-preflight"),
                "--model", str(carry / "model"), "--requests", str(carry / "requests.jsonl")]

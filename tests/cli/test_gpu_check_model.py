@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from batchgen.cli.gpu_bench_stage import BENCH_FILE, run_bench_stage
+from batchgen.cli.gpu_bench_stage import BENCH_FILE, calibration_file, run_bench_stage
 from batchgen.cli.gpu_engine_check import (
     DEFAULT_CANDIDATES,
     Candidate,
@@ -30,6 +30,7 @@ from batchgen.cli.gpu_model import (
 from batchgen.data.workloads import BenchRequest, write_requests
 from batchgen.models.checkpoint import expected_weight_shapes, load_checkpoint
 from batchgen.models.config import ModelConfig
+from batchgen.sim.calibrate import read_run
 from tests.tiny_models import make_tiny_hf_folder, smollm2_tokenizer
 
 
@@ -148,3 +149,9 @@ def test_bench_stage_runs_both_modes_and_writes_its_file(tmp_path: Path) -> None
         assert mode["num_requests"] == 3 and 0 < mode["output_tokens"] <= 15
     replayed = (tmp_path / "work" / "bench_requests.jsonl").read_text().splitlines()
     assert [json.loads(line)["request_id"] for line in replayed] == ["r/0", "r/1", "r/2"]
+    # Each mode's run as `bench --out` writes it: what `simulate --calibrate` fits a profile from.
+    for mode, figures_of_mode in figures["results"].items():
+        run = read_run(calibration_file(tmp_path / "out", mode))
+        assert (run.model, run.device, run.dtype_bytes, run.num_kv_blocks) == (str(folder), "cpu", 4, 64)
+        assert sum(w.num_steps for w in run.works) == figures_of_mode["num_steps"]
+        assert sum(w.num_sampled for w in run.works) == figures_of_mode["output_tokens"]

@@ -69,6 +69,19 @@ def test_noisy_times_fit_with_no_negative_coefficient() -> None:
     assert p.kv_cache_bytes == 4096.0
 
 
+def test_a_gpu_runs_profile_keeps_its_pool_up_front_and_names_its_device() -> None:
+    truth = _truth(2e-3, 1e-5, 4e10, 1e10)
+    works = _works(random.Random(5), 30)
+    seconds = [CostModel(SHAPE, truth).seconds(w) for w in works]
+    gpu = fit_profile(works, seconds, SHAPE, dtype_bytes=2, kv_cache_bytes=None, name="g", device="cuda:0",
+                      source="out/bench_continuous.json").profile
+    assert gpu.kv_committed_on_write is False
+    assert gpu.description == "calibrated on a cuda:0 device from out/bench_continuous.json"
+    cpu = fit_profile(works, seconds, SHAPE, dtype_bytes=2, kv_cache_bytes=None, name="c", device="cpu").profile
+    assert cpu.kv_committed_on_write is True and cpu.description.startswith("calibrated on ")
+    assert "device" not in cpu.description
+
+
 def _row(run: int, t: float, dt: float, steps: int, step_s: float) -> dict[str, float | int]:
     return {"run_index": run, "t_start": t, "t_end": t + dt, "num_steps": steps, "step_s": step_s,
             "seqs_running": 2.0, "prefill_tokens": 10, "decode_tokens": 4, "output_tokens": 4,
