@@ -68,15 +68,19 @@ def run_simulate(args: argparse.Namespace) -> int:
 
 def _calibrate(args: argparse.Namespace) -> int:
     from batchgen.sim.calibrate import calibrate, read_run
-    from batchgen.sim.engine import load_sim_model
+    from batchgen.sim.engine import load_sim_shape
     from batchgen.sim.hardware import write_hardware
 
     if args.out is None:
         print("error: simulate --calibrate: give --out PROFILE.yaml", file=sys.stderr)
         return 2
     run = read_run(Path(args.calibrate))
-    model = load_sim_model(run.model, model_config=Path(args.model_config) if args.model_config else None)
-    result = calibrate(run, model.shape, name=args.name)
+    model_config = Path(args.model_config) if args.model_config else None
+    try:
+        shape = load_sim_shape(run.model, model_config=model_config)
+    except FileNotFoundError as exc:  # the run's model is not here (a GPU run's was the device's)
+        raise FileNotFoundError(f"{exc} (the run's model; give --model-config with its config.json)") from exc
+    result = calibrate(run, shape, name=args.name)
     p = result.profile
     comment = (
         f"Calibrated from {run.source} ({result.num_intervals} timeline intervals, R^2 {result.r_squared:.3f};\n"

@@ -28,7 +28,7 @@ from batchgen.sim.lengths import TokenSource
 from batchgen.sim.runner import SimClock, SimulatedRunner
 from batchgen.tokenizer.tokenizer import Tokenizer
 
-__all__ = ["SimEngine", "SimModel", "build_sim_engine", "load_sim_model"]
+__all__ = ["SimEngine", "SimModel", "build_sim_engine", "load_sim_model", "load_sim_shape"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +88,16 @@ def load_sim_model(model: str | None, *, model_config: Path | None = None) -> Si
         sliding_window=sized.sliding_window,
     )
     return SimModel(seen, ModelShape.from_config(sized), tokenizer, f"{model_config} (tokenizer: {path})")
+
+
+def load_sim_shape(model: str | None, *, model_config: Path | None = None) -> ModelShape:
+    """The shape that prices a model's steps: `model_config`'s alone when given (no tokenizer
+    is needed, so `model` need not be on this machine: a GPU run's model folder was the
+    device's), else `model`'s. Raises FileNotFoundError / ValueError."""
+    if model_config is not None:
+        return ModelShape.from_config(_read_config_json(model_config))
+    config, _, _ = _read_model(model)
+    return ModelShape.from_config(config)
 
 
 @dataclass(frozen=True, slots=True)

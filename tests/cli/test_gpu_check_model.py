@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -27,10 +28,12 @@ from batchgen.cli.gpu_model import (
     materialize_model,
     write_model_recipe,
 )
+from batchgen.cli.main import main
 from batchgen.data.workloads import BenchRequest, write_requests
 from batchgen.models.checkpoint import expected_weight_shapes, load_checkpoint
 from batchgen.models.config import ModelConfig
 from batchgen.sim.calibrate import read_run
+from batchgen.sim.hardware import load_hardware
 from tests.tiny_models import make_tiny_hf_folder, smollm2_tokenizer
 
 
@@ -155,3 +158,29 @@ def test_bench_stage_runs_both_modes_and_writes_its_file(tmp_path: Path) -> None
         assert (run.model, run.device, run.dtype_bytes, run.num_kv_blocks) == (str(folder), "cpu", 4, 64)
         assert sum(w.num_steps for w in run.works) == figures_of_mode["num_steps"]
         assert sum(w.num_sampled for w in run.works) == figures_of_mode["output_tokens"]
+
+
+def test_a_bench_stage_file_calibrates_where_its_model_folder_is_absent(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The device's files come back without the device's model folder: its config.json (the
+    # carried one) is enough to fit a profile.
+    folder = make_tiny_hf_folder(tmp_path, num_heads=4, num_kv_heads=2, hidden_size=64)
+    requests = tmp_path / "requests.jsonl"
+    write_requests(requests, [BenchRequest(f"r/{i}", tuple(range(1500, 1520 + i)), 6) for i in range(6)])
+    run_bench_stage(
+        str(folder), requests, out_dir=tmp_path / "out", work_dir=tmp_path / "work", num_prompts=6, max_tokens=6,
+        max_num_seqs=3, max_num_batched_tokens=64, max_kv_blocks=64, max_model_len=128, device="cpu", dtype="float32",
+    )
+    carried = tmp_path / "carried"
+    carried.mkdir()
+    shutil.copyfile(folder / "config.json", carried / "config.json")
+    shutil.rmtree(folder)
+    bench = str(calibration_file(tmp_path / "out", "continuous"))
+    profile = tmp_path / "device.yaml"
+    assert main(["simulate", "--calibrate", bench, "--out", str(profile)]) == 2
+    assert "--model-config" in capsys.readouterr().err
+    assert main(["simulate", "--calibrate", bench, "--model-config", str(carried / "config.json"),
+                 "--out", str(profile)]) == 0
+    fitted = load_hardware(str(profile))
+    assert fitted.kv_committed_on_write is True and bench in fitted.description  # a CPU run, named
