@@ -2,7 +2,7 @@
 
     batchgen simulate job.yaml [--hardware NAME|FILE.yaml] [--model-config config.json]
                                [--workers N] [--output-lens max-tokens|sharegpt]
-                               [--outputs-from RUN_DIR] [--out DIR]
+                               [--outputs-from RUN_DIR] [--core auto|compiled|python] [--out DIR]
     batchgen simulate --calibrate RUN_DIR --out PROFILE.yaml [--model-config config.json]
 
 The first prints the predicted figures (and with `--out` writes `summary.json`,
@@ -49,6 +49,13 @@ def add_simulate_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]
     sim.add_argument("--calibrate", default=None, metavar="RUN_DIR", help="fit this machine's profile from a run's timeline; needs --out")
     sim.add_argument("--name", default="calibrated", help="with --calibrate: the profile's name")
     sim.add_argument("--out", default=None, help="a folder for the simulation's files, or the profile file with --calibrate")
+    sim.add_argument(
+        "--core",
+        choices=["auto", "compiled", "python"],
+        default="auto",
+        help="run the scheduler, KV manager and radix cache compiled with mypyc (built once, cached) or as "
+        "Python; the same code and the same prediction (default: auto, compiled where mypy and a C compiler are)",
+    )
     sim.add_argument("--quiet", action="store_true", help="no progress bar")
     sim.set_defaults(func=run_simulate)
 
@@ -130,6 +137,17 @@ def _token_source(args: argparse.Namespace, config: JobConfig, model: SimModel) 
 
 
 def _simulate(args: argparse.Namespace) -> int:
+    # First: the compiled core replaces the Python modules only if none is imported yet.
+    from batchgen.engine.compiled_core import CoreBuildError, enable_core
+
+    try:
+        core, why_not = enable_core(args.core, quiet=args.quiet)
+    except CoreBuildError as exc:
+        print(f"error: simulate --core compiled: {exc}", file=sys.stderr)
+        return 2
+    if why_not is not None:
+        print(f"note: the engine core runs as Python ({why_not})", file=sys.stderr)
+
     from batchgen.io import InputError, JobFolder
     from batchgen.job.config import JobConfigError
     from batchgen.job.config_file import load_job_config
@@ -156,6 +174,7 @@ def _simulate(args: argparse.Namespace) -> int:
     except InputError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    result.summary["simulated"]["engine_core"] = core
     print(summary_table(result.summary))
     if args.out is not None:
         out = write_simulation(result, Path(args.out))
@@ -190,6 +209,7 @@ def summary_table(d: dict[str, Any]) -> str:
         f"{'peak KV blocks':<28}{kv['peak_used']} of {kv['total']}",
         f"{'preemptions':<28}{d['preemptions']}",
         f"{'prefix hit rate':<28}{hit['achieved']:.1%} (ideal {hit['ideal']:.1%})",
-        f"{'simulated in':<28}{s['simulation_s']:.1f} s ({s['rows_per_s_simulated']:.0f} rows/s)",
+        f"{'simulated in':<28}{s['simulation_s']:.1f} s ({s['rows_per_s_simulated']:.0f} rows/s"
+        f"{', compiled core' if s.get('engine_core') == 'compiled' else ''})",
     ]
     return "\n".join(lines)

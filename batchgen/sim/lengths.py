@@ -109,7 +109,14 @@ class Filler:
         return cls(tokens or tuple(i for i in range(64 + len(eos)) if i not in eos)[:64])
 
     def token(self, seed: int, index: int) -> int:
-        return self.tokens_of((seed,), (index,))[0]
+        # `filler_hash` of one pair in plain integers: a prefill's first token is drawn one at
+        # a time, where the array path's set-up cost more than the hash.
+        if index < 0:
+            raise ValueError("token indices start at 0")
+        x = (((seed & _MASK64) << 32) + index) & _MASK64
+        x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+        x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+        return self.tokens[(x ^ (x >> 31)) % len(self.tokens)]
 
     def tokens_of(self, seeds: Sequence[int], indices: Sequence[int]) -> list[int]:
         """The filler token of each (seeds[i], indices[i]); seeds are 64-bit signed integers

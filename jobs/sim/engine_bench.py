@@ -9,6 +9,9 @@ timed (`time.thread_time`). To compare two checkouts, run it alternately under e
     PYTHONPATH=/path/to/old python jobs/sim/engine_bench.py --rounds 1
     PYTHONPATH=. python jobs/sim/engine_bench.py --rounds 1
 
+`--core compiled` runs the scheduler, KV manager and radix cache compiled with mypyc
+(`batchgen.engine.compiled_core`, as `batchgen simulate --core`); alternate it with `--core python`.
+
 The printed `clock` (simulated seconds) and `steps` must be equal between two checkouts whose
 schedules are meant to be equal.
 """
@@ -16,15 +19,28 @@ schedules are meant to be equal.
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from pathlib import Path
 
-from batchgen.data.sharegpt import iter_sharegpt_conversations
-from batchgen.engine.config import engine_configs
-from batchgen.engine.sampling_params import SamplingParams
-from batchgen.sim.engine import build_sim_engine, load_sim_model
-from batchgen.sim.hardware import load_hardware
-from batchgen.sim.lengths import Filler, LengthDistribution, sharegpt_reply_lengths
+from batchgen.engine.compiled_core import enable_core
+
+
+def _core_from_argv() -> str:
+    """`--core`, read before the engine is imported (the compiled core must come first)."""
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--core", choices=["python", "compiled"], default="python")
+    return str(parser.parse_known_args()[0].core)
+
+
+CORE = enable_core(_core_from_argv(), quiet=False)[0]
+
+from batchgen.data.sharegpt import iter_sharegpt_conversations  # noqa: E402
+from batchgen.engine.config import engine_configs  # noqa: E402
+from batchgen.engine.sampling_params import SamplingParams  # noqa: E402
+from batchgen.sim.engine import build_sim_engine, load_sim_model  # noqa: E402
+from batchgen.sim.hardware import load_hardware  # noqa: E402
+from batchgen.sim.lengths import Filler, LengthDistribution, sharegpt_reply_lengths  # noqa: E402
 
 _CONFIG = Path(__file__).with_name("llama-3-8b.json")
 
@@ -33,7 +49,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--requests", type=int, default=4000)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--core", choices=["python", "compiled"], default="python", help="the engine core to time")
     args = parser.parse_args()
+    print(f"engine core: {CORE}", file=sys.stderr)
     model = load_sim_model(None, model_config=_CONFIG)
     tokenizer = model.tokenizer
     prompts: list[list[int]] = []

@@ -72,9 +72,12 @@ def test_a_step_of_tokens_is_each_token(filler: Filler) -> None:
         x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & mask
         return x ^ (x >> 31)
 
-    for seed, index in [(12345, 7), (2**63 - 1, 0), (-5, 3), (2**64 - 1, 2**31)]:
-        expected = splitmix_finalizer(((seed << 32) + index) & (2**64 - 1))
-        assert filler.token(seed, index) == filler.tokens[expected % len(filler.tokens)]
+    for seed, index in [(12345, 7), (2**63 - 1, 0), (-5, 3), (2**64 - 1, 2**31), (-(2**63), 2**40), (2**70 + 3, 1)]:
+        expected = filler.tokens[splitmix_finalizer(((seed << 32) + index) & (2**64 - 1)) % len(filler.tokens)]
+        assert filler.token(seed, index) == expected  # one pair: plain integers
+        assert filler.tokens_of([seed], [index]) == [expected]  # as arrays
+    with pytest.raises(ValueError, match="start at 0"):
+        filler.token(5, -1)
     recorded = RecordedOutputs({5: Recorded((9, 8), 4, True), 6: Recorded(None, 3, False)}, filler=filler, eos=EOS)
     sources = [MaxTokens(filler), LengthDistribution([1, 2, 3, 9], filler=filler, eos=EOS), recorded]
     seeds = [5, 6, 7, 3, 2**64 - 1] * 8
