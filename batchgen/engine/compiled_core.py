@@ -59,6 +59,9 @@ CORE_MODULES: tuple[str, ...] = (
     "batchgen.engine.step_plan",
     "batchgen.engine.scheduler",
 )
+# Python modules the core imports names from: mypyc checked the core against them, so a change
+# in them builds the core again too.
+_KEY_MODULES = ("batchgen.engine.config", "batchgen.engine.sampling_params")
 # The installed package's sub-packages that may live outside `batchgen/` in a source checkout
 # (pyproject's package-dir maps them): the build copies them into one tree for mypy.
 _MAPPED_PACKAGES = ("batchgen.radix", "batchgen.kernels", "batchgen.io")
@@ -98,14 +101,15 @@ def _module_file(dirs: dict[str, Path], module: str) -> Path:
 
 
 def _build_key(dirs: dict[str, Path]) -> str:
-    """A digest of what the extensions depend on: the core's sources, Python, mypy."""
+    """A digest of what the extensions depend on: the core's sources and those it imports
+    from, Python, mypy."""
     import mypy.version
 
     digest = hashlib.sha256()
     digest.update(sys.version.encode())
     digest.update(str(sysconfig.get_config_var("EXT_SUFFIX")).encode())
     digest.update(mypy.version.__version__.encode())
-    for module in CORE_MODULES:
+    for module in (*CORE_MODULES, *_KEY_MODULES):
         digest.update(module.encode())
         digest.update(_module_file(dirs, module).read_bytes())
     return digest.hexdigest()[:20]
