@@ -171,9 +171,17 @@ def build_core(cache_root: Path | None = None, *, quiet: bool = True) -> Path:
     folder = root / _build_key(dirs)
     if (folder / _DONE_MARK).exists():
         return folder
-    root.mkdir(parents=True, exist_ok=True)
     if not quiet:
         print("compiling the engine core with mypyc (once for these sources, about 30 s)...", file=sys.stderr)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        return _build_into(root, folder, dirs)
+    except OSError as exc:  # an unwritable cache, a full disk: the build cannot be kept
+        raise CoreBuildError(f"cannot build into {root}: {exc}") from exc
+
+
+def _build_into(root: Path, folder: Path, dirs: dict[str, Path]) -> Path:
+    """`build_core`'s build, in a temporary folder under `root` renamed to `folder` at the end."""
     work = Path(tempfile.mkdtemp(prefix="build-", dir=root))
     try:
         tree = work / "tree"

@@ -124,6 +124,18 @@ def test_auto_falls_back_to_python_with_the_reason(monkeypatch: pytest.MonkeyPat
     assert not any(tmp_path.iterdir())  # nothing was built
 
 
+def test_a_cache_that_cannot_be_written_is_a_reason_not_a_crash(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    if compiled_core._missing_tools() is not None:
+        pytest.skip(f"cannot build the compiled core here: {compiled_core._missing_tools()}")
+    monkeypatch.setattr(compiled_core, "_check_not_imported", lambda: None)
+    not_a_folder = tmp_path / "cache"
+    not_a_folder.write_text("a file where the cache would go")
+    core, why = enable_core("auto", not_a_folder)
+    assert core == "python" and why is not None and why.startswith(f"cannot build into {not_a_folder}")
+    with pytest.raises(CoreBuildError, match="cannot build into"):
+        build_core(not_a_folder)
+
+
 def test_changed_sources_build_another_folder(tmp_path: Path) -> None:
     pytest.importorskip("mypy")
     dirs = compiled_core._package_dirs()
