@@ -16,6 +16,7 @@ May import: batchgen.sim, batchgen.job, batchgen.report.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -136,12 +137,18 @@ def _token_source(args: argparse.Namespace, config: JobConfig, model: SimModel) 
     return LengthDistribution(lengths, filler=filler, eos=eos_ids[0]), f"sharegpt reply lengths ({len(lengths)} replies)"
 
 
+def core_cache_root() -> Path:
+    """Where compiled cores are kept: `$XDG_CACHE_HOME/batchgen/core` (default ~/.cache)."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "batchgen" / "core"
+
+
 def _simulate(args: argparse.Namespace) -> int:
     # First: the compiled core replaces the Python modules only if none is imported yet.
     from batchgen.engine.compiled_core import CoreBuildError, enable_core
 
     try:
-        core, why_not = enable_core(args.core, quiet=args.quiet)
+        core, why_not = enable_core(args.core, core_cache_root(), quiet=args.quiet)
     except CoreBuildError as exc:
         print(f"error: simulate --core compiled: {exc}", file=sys.stderr)
         return 2

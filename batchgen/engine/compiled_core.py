@@ -42,7 +42,6 @@ __all__ = [
     "CoreBuildError",
     "build_core",
     "compiled_core_folder",
-    "core_cache_root",
     "enable_core",
     "install_core",
     "is_core_compiled",
@@ -71,12 +70,6 @@ _MYPY_INI = "[mypy]\nignore_missing_imports = True\n"
 
 class CoreBuildError(RuntimeError):
     """The compiled core could not be built or installed; the message says why."""
-
-
-def core_cache_root() -> Path:
-    """Where built cores are kept: `$XDG_CACHE_HOME/batchgen/core` (default ~/.cache)."""
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "batchgen" / "core"
 
 
 def _package_dirs() -> dict[str, Path]:
@@ -155,7 +148,7 @@ def _run_mypyc(tree: Path, log: Path) -> None:
         raise CoreBuildError(f"mypyc failed (exit {proc.returncode}); its output: {log}")
 
 
-def build_core(cache_root: Path | None = None, *, quiet: bool = True) -> Path:
+def build_core(cache_root: Path, *, quiet: bool = True) -> Path:
     """The folder of the compiled core for the installed sources, built now if needed.
 
     The folder holds `<module>.<ext>` for each core module plus mypyc's shared library, and is
@@ -166,18 +159,17 @@ def build_core(cache_root: Path | None = None, *, quiet: bool = True) -> Path:
     missing = _missing_tools()
     if missing is not None:
         raise CoreBuildError(missing)
-    root = core_cache_root() if cache_root is None else cache_root
     dirs = _package_dirs()
-    folder = root / _build_key(dirs)
+    folder = cache_root / _build_key(dirs)
     if (folder / _DONE_MARK).exists():
         return folder
     if not quiet:
         print("compiling the engine core with mypyc (once for these sources, about 30 s)...", file=sys.stderr)
     try:
-        root.mkdir(parents=True, exist_ok=True)
-        return _build_into(root, folder, dirs)
+        cache_root.mkdir(parents=True, exist_ok=True)
+        return _build_into(cache_root, folder, dirs)
     except OSError as exc:  # an unwritable cache, a full disk: the build cannot be kept
-        raise CoreBuildError(f"cannot build into {root}: {exc}") from exc
+        raise CoreBuildError(f"cannot build into {cache_root}: {exc}") from exc
 
 
 def _build_into(root: Path, folder: Path, dirs: dict[str, Path]) -> Path:
@@ -274,7 +266,7 @@ def is_core_compiled() -> bool:
     return module is not None and not str(getattr(module, "__file__", "")).endswith(".py")
 
 
-def enable_core(mode: str, cache_root: Path | None = None, *, quiet: bool = True) -> tuple[str, str | None]:
+def enable_core(mode: str, cache_root: Path, *, quiet: bool = True) -> tuple[str, str | None]:
     """Apply `--core`: ("compiled", None) or ("python", why not compiled; None when asked).
 
     `python` changes nothing; `compiled` raises CoreBuildError when the core cannot be built

@@ -23,6 +23,7 @@ import sys
 import time
 from pathlib import Path
 
+from batchgen.cli.simulate import core_cache_root
 from batchgen.engine.compiled_core import enable_core
 
 
@@ -33,7 +34,7 @@ def _core_from_argv() -> str:
     return str(parser.parse_known_args()[0].core)
 
 
-CORE = enable_core(_core_from_argv(), quiet=False)[0]
+CORE = enable_core(_core_from_argv(), core_cache_root(), quiet=False)[0]
 
 from batchgen.data.sharegpt import iter_sharegpt_conversations  # noqa: E402
 from batchgen.engine.config import engine_configs  # noqa: E402

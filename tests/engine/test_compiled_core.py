@@ -101,17 +101,18 @@ def test_simulate_says_which_core_ran_and_predicts_the_same(core: Path, xdg: Pat
         assert summaries["compiled"][key] == summaries["python"][key], key
 
 
-def test_a_process_that_imported_the_python_core_keeps_it(core: Path) -> None:
+def test_a_process_that_imported_the_python_core_keeps_it(core: Path, tmp_path: Path) -> None:
     import batchgen.engine.scheduler  # noqa: F401  (this test process runs the Python core)
 
     with pytest.raises(CoreBuildError, match="imported the core as Python already"):
         install_core(core)
     with pytest.raises(CoreBuildError, match="imported the core as Python already"):
-        enable_core("compiled")
-    assert enable_core("auto")[0] == "python"
-    assert enable_core("python") == ("python", None)
+        enable_core("compiled", tmp_path)
+    assert enable_core("auto", tmp_path)[0] == "python"
+    assert enable_core("python", tmp_path) == ("python", None)
     with pytest.raises(ValueError, match="auto, compiled or python"):
-        enable_core("fast")
+        enable_core("fast", tmp_path)
+    assert not any(tmp_path.iterdir())  # refused before any build
 
 
 def test_auto_falls_back_to_python_with_the_reason(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
