@@ -84,7 +84,9 @@ def filler_hash(seeds: Sequence[int], indices: Sequence[int] | np.ndarray) -> np
 
 
 _U27, _U30, _U31, _U32 = np.uint64(27), np.uint64(30), np.uint64(31), np.uint64(32)
-_MIX1, _MIX2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
+# splitmix64's finalizer multipliers, as Python ints (`Filler.token`) and as array scalars
+_MIX1_INT, _MIX2_INT = 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
+_MIX1, _MIX2 = np.uint64(_MIX1_INT), np.uint64(_MIX2_INT)
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,8 +116,8 @@ class Filler:
         if index < 0:
             raise ValueError("token indices start at 0")
         x = (((seed & _MASK64) << 32) + index) & _MASK64
-        x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-        x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+        x = ((x ^ (x >> 30)) * _MIX1_INT) & _MASK64
+        x = ((x ^ (x >> 27)) * _MIX2_INT) & _MASK64
         return self.tokens[(x ^ (x >> 31)) % len(self.tokens)]
 
     def tokens_of(self, seeds: Sequence[int], indices: Sequence[int]) -> list[int]:
