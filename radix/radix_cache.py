@@ -7,7 +7,10 @@ Owns the tree (hash chain -> cached block) and its counters. Each node is one fu
 
 A node stores its hash, block id, position in the chain (``block_idx``), the block's tokens,
 its extra key, its parent (None under the root) and its children keyed by hash (a plain dict:
-lookups never create nodes). An index maps block id -> node.
+lookups never create nodes). An index maps block id -> node: a list indexed by block id (ids are
+a pool's ``0..num_blocks-1``; it grows to the largest id inserted), None where nothing is cached,
+so that the checks that run for every block a sequence fills or frees index a list instead of
+hashing into a dict.
 
 Invariants (``check_invariants``):
 - parent/child links agree and each child sits under the key of its own hash;
@@ -76,7 +79,8 @@ class RadixCache:
         self._hash_seed = hash_seed
         self._hasher = block_hasher(block_size, hash_seed)
         self._root_children: dict[int, _Node] = {}
-        self._nodes_by_block_id: dict[int, _Node] = {}
+        self._nodes_by_block_id: list[_Node | None] = []
+        self._num_cached_blocks = 0
         self._num_lookups = 0
         self._num_hit_tokens = 0
         self._num_evictions = 0
@@ -87,7 +91,7 @@ class RadixCache:
 
     @property
     def num_cached_blocks(self) -> int:
-        return len(self._nodes_by_block_id)
+        return self._num_cached_blocks
 
     def _children(self, parent: _Node | None) -> dict[int, _Node]:
         return self._root_children if parent is None else parent.children
@@ -169,7 +173,7 @@ class RadixCache:
         parent: _Node | None = None
         if start_block_idx > 0:
             prev_idx = start_block_idx - 1
-            parent = self._nodes_by_block_id.get(block_ids[prev_idx])
+            parent = self._lookup(block_ids[prev_idx])
             if (
                 parent is None
                 or parent.block_idx != prev_idx
@@ -200,23 +204,34 @@ class RadixCache:
                         f"block {block_id} is cached with other tokens than the ones given"
                     )
             else:
-                if block_id in by_block_id:
+                if block_id < 0:
+                    raise ValueError(f"block ids are >= 0, got {block_id}")
+                if block_id >= len(by_block_id):
+                    by_block_id.extend([None] * (block_id + 1 - len(by_block_id)))
+                elif by_block_id[block_id] is not None:
                     raise ValueError(f"block {block_id} is already cached at another position")
                 node = _Node(block_hash, block_id, block_idx, block_tokens, extra_key, parent, {})
                 children[block_hash] = node
                 by_block_id[block_id] = node
+                self._num_cached_blocks += 1
                 num_inserted += 1
             parent, children, parent_hash = node, node.children, block_hash
         return num_inserted, num_blocks
 
+    def _lookup(self, block_id: int) -> _Node | None:
+        """The node of ``block_id``, None when it is not cached (any int, negative included)."""
+        nodes = self._nodes_by_block_id
+        return nodes[block_id] if 0 <= block_id < len(nodes) else None
+
     def _node(self, block_id: int) -> _Node:
-        node = self._nodes_by_block_id.get(block_id)
+        node = self._lookup(block_id)
         if node is None:
             raise ValueError(f"block {block_id} is not cached")
         return node
 
     def is_cached(self, block_id: int) -> bool:
-        return block_id in self._nodes_by_block_id
+        nodes = self._nodes_by_block_id
+        return 0 <= block_id < len(nodes) and nodes[block_id] is not None
 
     def is_leaf(self, block_id: int) -> bool:
         """Whether the cached ``block_id`` has no cached children; ValueError if not cached."""
@@ -238,7 +253,8 @@ class RadixCache:
         if node.children:
             raise ValueError(f"block {block_id} is not a leaf ({len(node.children)} children)")
         del self._children(node.parent)[node.block_hash]
-        del self._nodes_by_block_id[block_id]
+        self._nodes_by_block_id[block_id] = None
+        self._num_cached_blocks -= 1
         self._num_evictions += 1
 
     def stats(self) -> CacheStats:
@@ -275,12 +291,14 @@ class RadixCache:
                 if node.block_id in seen:
                     raise AssertionError(f"block {node.block_id} appears twice in the tree")
                 seen[node.block_id] = node
-                if self._nodes_by_block_id.get(node.block_id) is not node:
+                if self._lookup(node.block_id) is not node:
                     raise AssertionError(f"index entry of block {node.block_id} is wrong")
                 stack.append((node, node.children))
-        if len(seen) != len(self._nodes_by_block_id):
+        num_indexed = sum(node is not None for node in self._nodes_by_block_id)
+        if not len(seen) == num_indexed == self._num_cached_blocks:
             raise AssertionError(
-                f"index has {len(self._nodes_by_block_id)} blocks, tree has {len(seen)}"
+                f"index has {num_indexed} blocks, tree has {len(seen)}, counter says "
+                f"{self._num_cached_blocks}"
             )
         if min(self._num_lookups, self._num_hit_tokens, self._num_evictions) < 0:
             raise AssertionError("a counter is negative")

@@ -241,3 +241,33 @@ def test_insert_chain_reaches_up_to_a_position_held_by_another_block() -> None:
     assert cache.insert_chain(A + B + C, [0, 1, 2], start_block_idx=1) == (1, 3)
     assert cache.insert(A + B + C, [0, 1, 2]) == 0
     cache.check_invariants()
+
+
+def test_block_index_is_a_list_over_any_ids() -> None:
+    # The index is a list indexed by block id: ids far apart, a negative id asked about, and an
+    # evicted id inserted again must behave as they did with a dict.
+    cache = _cache()
+    _insert(cache, A + B, [900, 3])
+    assert cache.is_cached(900) and cache.is_cached(3)
+    assert not cache.is_cached(-1) and not cache.is_cached(4) and not cache.is_cached(10**6)
+    with pytest.raises(ValueError, match="not cached"):
+        cache.parent_block_id(-900)
+    assert cache.parent_block_id(3) == 900
+    assert cache.num_cached_blocks == 2
+    cache.evict(3)
+    assert not cache.is_cached(3) and cache.num_cached_blocks == 1
+    _insert(cache, A + C, [900, 3])
+    assert cache.parent_block_id(3) == 900 and cache.num_cached_blocks == 2
+    cache.check_invariants()
+    with pytest.raises(ValueError, match=">= 0"):
+        cache.insert(C + A, [-2, 5])
+    assert not cache.is_cached(5) and cache.num_cached_blocks == 2
+    cache.check_invariants()
+
+
+def test_check_invariants_detects_a_wrong_count() -> None:
+    cache = _cache()
+    _insert(cache, A + B, [0, 1])
+    cache._num_cached_blocks = 3  # white-box
+    with pytest.raises(AssertionError, match="counter says 3"):
+        cache.check_invariants()
