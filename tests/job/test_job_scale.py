@@ -56,11 +56,17 @@ def _peaks(job: Path) -> Peaks:
 
 
 # Each row carries a 2,000-character passthrough column: a 100k-row shard holds 200 MB of it in
-# memory (20 MB at 10k rows), so a reader that loads a whole shard shows. Measured on the 2-core
-# machine (10k -> 100k rows): the streaming reader 830 -> 888 MB and 818 -> 896 MB of peak RSS
-# (+7%, +9.4%; the rows' passthrough strings pass through Python and glibc's heap, which a CPU
-# model keeps at its peak) and 18 -> 29 MB of Arrow pool; a reader patched to pq.read_table each
-# shard 850 -> 1090 MB (+28%) and 27 -> 227 MB of Arrow pool. The bounds lie between.
+# memory (80 MB at 40k rows), so a reader that loads a whole shard shows. The smaller job must be
+# large enough to fill the pipeline's bounded buffers (record batches of 8,192 rows, a few per
+# stream): otherwise the comparison measures them filling. On the 2-core AVX2 EPYC 10k rows did
+# (10k -> 100k rows: the streaming reader 830 -> 888 MB and 818 -> 896 MB of peak RSS, +7% and
+# +9.4%; the rows' passthrough strings pass through Python and glibc's heap, which a CPU model
+# keeps at its peak; 18 -> 29 MB of Arrow pool; a reader patched to pq.read_table each shard 850
+# -> 1090 MB, +28%, and 27 -> 227 MB of Arrow pool). On a faster AVX-512 EPYC the engine keeps up
+# longer and 10k rows did not (10k / 20k / 40k / 100k / 200k rows: 518 / 543 / 588 / 616 / 645 MB,
+# 15 / 24 / 27 / 27 / 27 MB of Arrow pool; 10k -> 100k failed the bound at +18% and +22%), so the
+# test compares 40k with 100k: there 580-588 -> 616 MB (+5%), and the whole-shard reader 707 ->
+# 834 MB (+18%) and 134 -> 265 MB of Arrow pool. The bounds lie between.
 _MAX_RSS_GROWTH = 0.15
 _MAX_ARROW_GROWTH_BYTES = 64 << 20
 _BLOB_CHARS = 2000
@@ -84,9 +90,9 @@ def _write_shard(path: Path, num_rows: int) -> None:
             }, schema=schema))  # fmt: skip
 
 
-def test_peak_memory_is_flat_from_10k_to_100k_rows(tmp_path: Path, model: Path) -> None:
+def test_peak_memory_is_flat_from_40k_to_100k_rows(tmp_path: Path, model: Path) -> None:
     peaks = {}
-    for num_rows in (10_000, 100_000):
+    for num_rows in (40_000, 100_000):
         data = tmp_path / f"data{num_rows}"
         data.mkdir()
         _write_shard(data / "part-0.parquet", num_rows)
@@ -102,7 +108,7 @@ def test_peak_memory_is_flat_from_10k_to_100k_rows(tmp_path: Path, model: Path) 
         assert out.metadata.num_rows == num_rows
         last = out.read_row_group(out.num_row_groups - 1, columns=["id", "blob"]).to_pylist()[-1]
         assert last["id"] == num_rows - 1 and len(last["blob"]) == _BLOB_CHARS  # the column went through
-    small, large = peaks[10_000], peaks[100_000]
+    small, large = peaks[40_000], peaks[100_000]
     print(f"peaks {peaks}")
     growth = large.rss_kib / small.rss_kib - 1
     assert growth < _MAX_RSS_GROWTH, f"peak RSS {small.rss_kib} KiB -> {large.rss_kib} KiB (+{growth:.1%})"
