@@ -230,8 +230,7 @@ class RadixCache:
         return node
 
     def is_cached(self, block_id: int) -> bool:
-        nodes = self._nodes_by_block_id
-        return 0 <= block_id < len(nodes) and nodes[block_id] is not None
+        return self._lookup(block_id) is not None
 
     def is_leaf(self, block_id: int) -> bool:
         """Whether the cached ``block_id`` has no cached children; ValueError if not cached."""

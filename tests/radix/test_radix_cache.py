@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from batchgen.radix import radix_cache as radix_cache_module
 from batchgen.radix.hashing import hash_blocks
@@ -271,3 +273,36 @@ def test_check_invariants_detects_a_wrong_count() -> None:
     cache._num_cached_blocks = 3  # white-box
     with pytest.raises(AssertionError, match="counter says 3"):
         cache.check_invariants()
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.booleans(), st.integers(-3, 3), st.integers(-5, 5000)), max_size=40))
+def test_block_index_agrees_with_a_dict_model(ops: list[tuple[bool, int, int]]) -> None:
+    # Random inserts of one-block chains (tokens chosen by `t`) under any block id, negative and
+    # sparse ones included, and evictions of any id, against a dict of what should be cached.
+    cache = RadixCache(4)
+    model: dict[int, tuple[int, ...]] = {}  # block id -> its tokens
+    for is_insert, t, block_id in ops:
+        tokens = (t, t + 1, t + 2, t + 3)
+        if is_insert:
+            held = next((b for b, toks in model.items() if toks == tokens), None)
+            if held is not None:  # the content is cached (under this id or another): nothing new
+                assert cache.insert(tokens, [block_id]) == 0
+            elif block_id < 0 or block_id in model:  # a new node under a bad or taken id
+                with pytest.raises(ValueError):
+                    cache.insert(tokens, [block_id])
+            else:
+                assert cache.insert(tokens, [block_id]) == 1
+                model[block_id] = tokens
+        elif block_id in model:
+            cache.evict(block_id)
+            del model[block_id]
+        else:
+            with pytest.raises(ValueError, match="not cached"):
+                cache.evict(block_id)
+        cache.check_invariants()
+        assert cache.num_cached_blocks == len(model)
+        for b in (*model, block_id, -1, 0, 4999, 10**9):
+            assert cache.is_cached(b) == (b in model)
+        for b, toks in model.items():
+            assert cache.block_token_ids(b) == toks and cache.parent_block_id(b) is None
