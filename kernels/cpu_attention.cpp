@@ -711,6 +711,21 @@ torch::Tensor paged_attention(torch::Tensor query, torch::Tensor k_cache, torch:
 // argmax and the grammar bitmask.
 #include "cpu_small_ops.h"
 
+#if defined(BATCHGEN_TILE16)
+// Linear layers over column-packed weights (on the tile path's CPUs: AVX-512, or AVX2 halves).
+#include "cpu_linear.h"
+#endif
+
+// The packed linear layers' panel width, which kernels/linear_cpu.py packs for: 0 where this build
+// has none (a CPU without AVX2).
+int64_t linear_panel_width() {
+#if defined(BATCHGEN_TILE16)
+  return tile16::kPanel;
+#else
+  return 0;
+#endif
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_attention", &paged_attention, "paged attention over the KV block pool (float32, CPU)",
         py::arg("query"), py::arg("k_cache"), py::arg("v_cache"), py::arg("block_tables"), py::arg("seq_lens"),
@@ -721,5 +736,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("silu_and_mul", &silu_and_mul, "silu(gate) * up of a fused [gate | up] (float32, CPU)");
   m.def("write_kv", &write_kv, "store each token's K/V at its pool slot (float32, CPU)");
   m.def("argmax_rows", &argmax_rows, "index of each row's largest value, as torch.argmax (float32, CPU)");
+  m.def("linear_panel_width", &linear_panel_width, "the packed linear layers' panel width (0: none in this build)");
+#if defined(BATCHGEN_TILE16)
+  m.def("packed_linear", &packed_linear, "x W^T + b over a column-packed weight (float32, CPU)", py::arg("x"),
+        py::arg("packed"), py::arg("out_features"), py::arg("bias") = py::none());
+#endif
   m.def("apply_token_bitmask", &apply_token_bitmask, "grammar bitmasks applied to logits rows in place (float32, CPU)");
 }

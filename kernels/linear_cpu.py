@@ -32,6 +32,17 @@ SmolLM2 decode step took 2.5x less time than the packed float32 path at 64 and 2
 (`jobs/bench/number_formats.py`), with a relative error of 3e-3 against float64 (float32's: 3e-7).
 Everything else (attention, norms, the KV cache, the residual stream) stays float32.
 
+batchgen's own packed kernel (`kernels/cpu_linear.h`, in the compiled CPU extension): the weight in
+column panels that a register-blocked AVX-512 kernel walks, asking for the next panel while it
+works on this one. At decode sizes the weights stream from memory (537 MB per SmolLM2 step), and
+oneDNN's and MKL's kernels wait on them: on the 2-core AVX-512 AMD EPYC, the 30 layers plus the LM
+head with cold weights took 38.0 ms at 64 rows against oneDNN's 51.9, 20.3 against 30.5 at 32,
+159 against 169 at 256. Each output is one FMA chain in k order, so a row's result does not depend
+on the batch around it (batch invariance) and is the same in every build of the kernel. It is the
+choice on AVX-512 CPUs not made by Intel; on Intel's, MKL stays until the kernel is measured there
+(`jobs/bench/linear_kernel.py`), and on AVX2-only CPUs oneDNN (the AVX2 build of the kernel exists,
+tested, not measured faster).
+
 `linear` takes a plain weight or a packed one, so the model calls one function; `F.linear` on
 plain weights stays the reference path (attention backend "torch"). Imports torch only.
 """
@@ -45,8 +56,11 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from .attention_cpu import is_cpu_kernel_available, load_cpu_kernel
+
 __all__ = [
     "PackedLinear",
+    "batchgen_linear_panel",
     "bf16_linear_supported",
     "cpu_vendor",
     "linear",
@@ -63,9 +77,9 @@ _PACK_ROWS = 512
 class PackedLinear:
     """A [out, in] float32 weight packed once; `linear` takes it in place of the plain weight."""
 
-    packed: torch.Tensor  # opaque (layout torch._mkldnn), from MKL or from oneDNN
+    packed: torch.Tensor  # opaque (layout torch._mkldnn) from MKL or oneDNN; [P, in, panel] for "batchgen"
     shape: torch.Tensor  # zero-stride float32 [out, in]: the shape `_mkl_linear` reads
-    library: str  # "mkl" or "onednn"
+    library: str  # "mkl", "onednn" or "batchgen"
     compute_dtype: torch.dtype = torch.float32  # bfloat16: bf16 operands and result (oneDNN), widened
 
     @property
@@ -94,6 +108,16 @@ def packing_libraries() -> tuple[str, ...]:
     return tuple(found)
 
 
+@functools.cache
+def batchgen_linear_panel() -> int:
+    """The panel width of batchgen's packed linear kernel in this machine's build of the CPU
+    extension (48 with AVX-512, 16 with AVX2 only), or 0 where there is none (no compiler, a CPU
+    without AVX2). Builds the extension on first use."""
+    if not is_cpu_kernel_available():
+        return 0
+    return int(load_cpu_kernel().linear_panel_width())
+
+
 def cpu_vendor() -> str:
     """The CPU's vendor id from /proc/cpuinfo ("GenuineIntel", "AuthenticAMD", ...; "" where
     there is none, as on ARM or off Linux)."""
@@ -106,10 +130,17 @@ def cpu_vendor() -> str:
 
 @functools.cache
 def packed_linear_library() -> str | None:
-    """The packer the models use: "mkl" on an Intel CPU, "onednn" on others (see the module
-    docstring), either where the build has only that one, or None (neither)."""
-    found = packing_libraries()
-    preferred = ("mkl", "onednn") if cpu_vendor() == "GenuineIntel" else ("onednn", "mkl")
+    """The packer the models use (see the module docstring): "mkl" on an Intel CPU; batchgen's
+    kernel on other CPUs with AVX-512, else "onednn"; whichever the build has where the preferred
+    one is missing; None where there is none."""
+    panel = batchgen_linear_panel()
+    if cpu_vendor() == "GenuineIntel":
+        preferred: tuple[str, ...] = ("mkl", "onednn", "batchgen")
+    elif panel == 48:  # the AVX-512 build
+        preferred = ("batchgen", "onednn", "mkl")
+    else:
+        preferred = ("onednn", "mkl", "batchgen")
+    found = (*packing_libraries(), *(("batchgen",) if panel else ()))
     return next((lib for lib in preferred if lib in found), None)
 
 
@@ -143,6 +174,8 @@ def pack_linear_weight(
     if compute_dtype != torch.float32:
         raise ValueError(f"pack_linear_weight computes in float32 or bfloat16, not {compute_dtype}")
     library = library or packed_linear_library()
+    if library == "batchgen":
+        return _pack_panels(weight)
     if library not in ("mkl", "onednn"):
         raise RuntimeError(f"no linear packer for {library!r}: this torch build has neither MKL nor oneDNN")
     w = weight.contiguous()
@@ -154,6 +187,22 @@ def pack_linear_weight(
     return PackedLinear(packed=packed, shape=shape, library=library)
 
 
+def _pack_panels(weight: torch.Tensor, panel: int | None = None) -> PackedLinear:
+    """[out, in] as batchgen's kernel reads it: [P, in, panel], panel p holding output columns
+    p * panel .. p * panel + panel - 1 (zeros past out). `panel`: this machine's build's width
+    unless given (tests pack for other builds)."""
+    panel = panel or batchgen_linear_panel()
+    if not panel:
+        raise RuntimeError("batchgen's packed linear kernel needs the compiled CPU extension on a CPU with AVX2")
+    out_features, in_features = weight.shape
+    panels = -(-out_features // panel)
+    padded = weight.new_zeros(panels * panel, in_features)
+    padded[:out_features] = weight
+    packed = padded.view(panels, panel, in_features).transpose(1, 2).contiguous()
+    shape = torch.empty(1, 1, dtype=torch.float32).expand(weight.shape)
+    return PackedLinear(packed=packed, shape=shape, library="batchgen")
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor | PackedLinear, bias: torch.Tensor | None = None) -> torch.Tensor:
     """x @ weight.T + bias for 2-D x, with a plain weight or one from `pack_linear_weight`."""
     if isinstance(weight, torch.Tensor):
@@ -163,7 +212,9 @@ def linear(x: torch.Tensor, weight: torch.Tensor | PackedLinear, bias: torch.Ten
     if weight.compute_dtype == torch.bfloat16:
         out = torch.ops.mkldnn._linear_pointwise(x.to(torch.bfloat16), weight.packed, None, "none", [], "").float()
         return out if bias is None else out.add_(bias)
-    if weight.library == "mkl":
+    if weight.library == "batchgen":
+        out = load_cpu_kernel().packed_linear(x, weight.packed, weight.out_features, bias)
+    elif weight.library == "mkl":
         # The row count passed is x's own, so MKL always takes the packed path.
         out = torch.ops.mkl._mkl_linear(x, weight.packed, weight.shape, bias, x.shape[0])
     else:

@@ -1,10 +1,10 @@
-"""The model's projections alone: plain F.linear against weights packed by MKL and by oneDNN.
+"""The model's projections alone: plain F.linear against weights packed by MKL, oneDNN and batchgen's kernel.
 
 usage: PYTHONPATH=. python jobs/bench/linear_kernel.py [--rows 1 8 32 64 256 2048] [--threads 2]
 
 One forward's projections of SmolLM2-135M (30 layers of qkv, o, gate_up and down; the 49k-row
 lm_head too for decode-sized batches) at each row count, each layer with its own random weights
-so that they come from memory as in a real step. Prints the best of four rounds, the three
+so that they come from memory as in a real step. Prints the best of four rounds, the
 variants interleaved in each round, in ms per forward and GFLOP/s.
 """
 
@@ -16,7 +16,12 @@ import time
 import torch
 import torch.nn.functional as F
 
-from batchgen.kernels.linear_cpu import linear, pack_linear_weight, packing_libraries
+from batchgen.kernels.linear_cpu import (
+    batchgen_linear_panel,
+    linear,
+    pack_linear_weight,
+    packing_libraries,
+)
 
 LAYERS = 30
 SHAPES = {"qkv": (960, 576), "o_proj": (576, 576), "gate_up": (3072, 576), "down": (576, 1536), "lm_head": (49152, 576)}
@@ -31,7 +36,7 @@ def main() -> None:
     gen = torch.Generator().manual_seed(0)
     plain = {n: [torch.randn(*s, generator=gen) for _ in range(1 if n == "lm_head" else LAYERS)] for n, s in SHAPES.items()}
     variants: dict[str, dict[str, list]] = {"F.linear": plain}  # type: ignore[type-arg]
-    for lib in packing_libraries():
+    for lib in (*packing_libraries(), *(("batchgen",) if batchgen_linear_panel() else ())):
         variants[lib] = {n: [pack_linear_weight(w, lib) for w in ws] for n, ws in plain.items()}
     for rows in args.rows:
         best = dict.fromkeys(variants, 0.0)

@@ -167,3 +167,27 @@ def test_avx2_halves_equal_the_avx512_paths_bit_for_bit(case: str, window: int |
         other = run_cpu_module(avx512, batch, sliding_window=window, logits_soft_cap=cap)
         assert torch.equal(one, other)
         assert max_error(one, naive_attention(batch, sliding_window=window, logits_soft_cap=cap)) < 6e-5
+
+
+@pytest.mark.skipif(not _HAS_AVX2, reason="no AVX2: the halves are not built on this CPU")
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_packed_linear_builds_give_the_same_bits(with_bias: bool) -> None:
+    """kernels/cpu_linear.h: 16-column panels over AVX2 halves and 48-column panels over AVX-512
+    registers (or their emulation) run each output's FMA chain in the same k order, so the two
+    builds' products are the same bits, each packed for its own panel width."""
+    from batchgen.kernels.linear_cpu import _pack_panels
+
+    if _HAS_AVX512:
+        halves, avx512 = _build("AVX2 halves"), load_cpu_kernel()
+    else:
+        halves, avx512 = load_cpu_kernel(), _build("emulated AVX-512")
+    assert (halves.linear_panel_width(), avx512.linear_panel_width()) == (16, 48)
+    gen = torch.Generator().manual_seed(3)
+    for out_features, in_features, rows in [(100, 40, 13), (48, 7, 1), (17, 576, 9)]:
+        weight = torch.randn(out_features, in_features, generator=gen)
+        bias = torch.randn(out_features, generator=gen) if with_bias else None
+        x = torch.randn(rows, in_features, generator=gen)
+        one = halves.packed_linear(x, _pack_panels(weight, 16).packed, out_features, bias)
+        other = avx512.packed_linear(x, _pack_panels(weight, 48).packed, out_features, bias)
+        assert torch.equal(one, other)
+        torch.testing.assert_close(one, torch.nn.functional.linear(x, weight, bias), rtol=1e-4, atol=1e-4)

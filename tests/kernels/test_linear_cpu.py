@@ -73,26 +73,99 @@ def test_pack_rejects_other_dtypes_and_shapes(weight: torch.Tensor) -> None:
 
 
 @pytest.mark.parametrize(
-    ("vendor", "found", "chosen"),
+    ("vendor", "found", "panel", "chosen"),
     [
-        ("GenuineIntel", ("mkl", "onednn"), "mkl"),
-        ("AuthenticAMD", ("mkl", "onednn"), "onednn"),
-        ("", ("mkl", "onednn"), "onednn"),  # ARM, or no /proc/cpuinfo
-        ("GenuineIntel", ("onednn",), "onednn"),
-        ("AuthenticAMD", ("mkl",), "mkl"),
-        ("GenuineIntel", (), None),
+        ("GenuineIntel", ("mkl", "onednn"), 0, "mkl"),
+        ("AuthenticAMD", ("mkl", "onednn"), 0, "onednn"),
+        ("", ("mkl", "onednn"), 0, "onednn"),  # ARM, or no /proc/cpuinfo
+        ("GenuineIntel", ("onednn",), 0, "onednn"),
+        ("AuthenticAMD", ("mkl",), 0, "mkl"),
+        ("GenuineIntel", (), 0, None),
+        # batchgen's kernel: first where its AVX-512 build (panel 48) runs on a CPU not made by
+        # Intel (measured faster there); last otherwise (not measured faster), but before nothing.
+        ("AuthenticAMD", ("mkl", "onednn"), 48, "batchgen"),
+        ("", ("onednn",), 48, "batchgen"),
+        ("AuthenticAMD", ("mkl", "onednn"), 16, "onednn"),
+        ("GenuineIntel", ("mkl", "onednn"), 48, "mkl"),
+        ("GenuineIntel", (), 48, "batchgen"),
+        ("AuthenticAMD", (), 16, "batchgen"),
     ],
 )
-def test_the_packer_is_mkl_on_intel_and_onednn_elsewhere(
-    monkeypatch: pytest.MonkeyPatch, vendor: str, found: tuple[str, ...], chosen: str | None
+def test_the_packer_is_mkl_on_intel_and_batchgen_or_onednn_elsewhere(
+    monkeypatch: pytest.MonkeyPatch, vendor: str, found: tuple[str, ...], panel: int, chosen: str | None
 ) -> None:
     monkeypatch.setattr(linear_cpu, "cpu_vendor", lambda: vendor)
     monkeypatch.setattr(linear_cpu, "packing_libraries", lambda: found)
+    monkeypatch.setattr(linear_cpu, "batchgen_linear_panel", lambda: panel)
     linear_cpu.packed_linear_library.cache_clear()
     try:
         assert linear_cpu.packed_linear_library() == chosen
     finally:
         linear_cpu.packed_linear_library.cache_clear()
+
+
+needs_panels = pytest.mark.skipif(
+    not linear_cpu.batchgen_linear_panel(), reason="no build of batchgen's packed linear kernel here"
+)
+
+
+def _abs_sum_error(out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> float:
+    """The largest |out - exact| over the sum of the products' (and the bias's) magnitudes: the
+    relative error an FMA chain in float32 can have is about in_features * 6e-8 of that."""
+    exact = F.linear(x.double(), weight.double(), None if bias is None else bias.double())
+    scale = x.double().abs() @ weight.double().abs().T + (0 if bias is None else bias.double().abs())
+    return 0.0 if out.numel() == 0 else float(((out.double() - exact).abs() / scale.clamp_min(1e-300)).max())
+
+
+@needs_panels
+@pytest.mark.parametrize(
+    ("out_features", "in_features"),
+    # whole panels, a last panel of 1, 2 and 47 columns, a single column; in_features 1, odd, the model's
+    [(96, 40), (49, 7), (50, 1), (1, 3), (95, 17), (960, 576), (576, 1536)],
+)
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_batchgen_packed_linear_matches_the_exact_product(out_features: int, in_features: int, with_bias: bool) -> None:
+    gen = torch.Generator().manual_seed(out_features * 1000 + in_features)
+    weight = torch.randn(out_features, in_features, generator=gen)
+    bias = torch.randn(out_features, generator=gen) if with_bias else None
+    packed = pack_linear_weight(weight, "batchgen")
+    panel = linear_cpu.batchgen_linear_panel()
+    assert packed.library == "batchgen" and (packed.out_features, packed.in_features) == (out_features, in_features)
+    assert packed.packed.shape == (-(-out_features // panel), in_features, panel)
+    # rows: under, at and past a register block (8 or 6 rows), and past a pass over the weights (256)
+    for rows in (0, 1, 5, 6, 7, 8, 9, 17, 64, 257, 300):
+        x = torch.randn(rows, in_features, generator=gen)
+        out = linear(x, packed, bias)
+        assert out.shape == (rows, out_features) and out.dtype == torch.float32
+        assert _abs_sum_error(out, x, weight, bias) < in_features * 1.2e-7
+
+
+@needs_panels
+def test_batchgen_packed_linear_is_batch_invariant_bit_for_bit() -> None:
+    # Each output is one FMA chain in k order whatever the rows around it: a row's result alone, in
+    # a register block's remainder, in a full block and past a 256-row pass are the same bits.
+    gen = torch.Generator().manual_seed(7)
+    weight, bias = torch.randn(150, 576, generator=gen), torch.randn(150, generator=gen)
+    x = torch.randn(300, 576, generator=gen)
+    packed = pack_linear_weight(weight, "batchgen")
+    full = linear(x, packed, bias)
+    for lo, hi in [(0, 1), (3, 4), (299, 300), (5, 12), (250, 300), (0, 64), (17, 273)]:
+        assert torch.equal(linear(x[lo:hi], packed, bias), full[lo:hi]), (lo, hi)
+
+
+@needs_panels
+def test_batchgen_packed_linear_takes_strided_input_and_refuses_bad_shapes() -> None:
+    weight = torch.randn(20, 8)
+    packed = pack_linear_weight(weight, "batchgen")
+    x = torch.randn(10, 16)[:, ::2]
+    torch.testing.assert_close(linear(x, packed), F.linear(x, weight), rtol=1e-5, atol=1e-5)
+    kernel = linear_cpu.load_cpu_kernel()
+    with pytest.raises(RuntimeError, match="columns"):
+        kernel.packed_linear(torch.randn(3, 9), packed.packed, 20)
+    with pytest.raises(RuntimeError, match="does not fit"):
+        kernel.packed_linear(torch.randn(3, 8), packed.packed, 20 + linear_cpu.batchgen_linear_panel())
+    with pytest.raises(RuntimeError, match="bias"):
+        kernel.packed_linear(torch.randn(3, 8), packed.packed, 20, torch.randn(19))
 
 
 def test_cpu_vendor_reads_this_machine() -> None:
