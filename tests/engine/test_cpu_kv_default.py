@@ -1,0 +1,61 @@
+"""The CPU KV pool's default size: a share of the memory the kernel says is available (free or
+reclaimable page cache), not of idle pages alone. A machine that has read its shards and model
+holds much of its memory in the page cache; sized from idle pages, the pool came out at 364
+blocks with about 10 GB of page cache reclaimable, and the run stopped (too small for one
+sequence of max_model_len 8192)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import batchgen.engine.llm_engine as llm_engine_module
+from batchgen.engine.llm_engine import default_cpu_kv_bytes
+
+MIB = 1 << 20
+
+
+def _meminfo(tmp_path: Path, free_kb: int, available_kb: int | None) -> str:
+    lines = ["MemTotal:       24683832 kB", f"MemFree:        {free_kb} kB"]
+    if available_kb is not None:
+        lines.append(f"MemAvailable:   {available_kb} kB")
+    lines += ["Buffers:           1024 kB", "Cached:         20000000 kB"]
+    path = tmp_path / "meminfo"
+    path.write_text("\n".join(lines) + "\n")
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    ("available_kb", "expected"),
+    [
+        (20_000_000, 4096 * MIB),  # a full page cache counts: a quarter of 19 GiB, capped at 4 GiB
+        (8_000_000, 8_000_000 * 1024 // 4),  # a quarter of what is available
+        (400_000, 256 * MIB),  # the floor
+    ],
+)
+def test_the_default_pool_is_a_quarter_of_available_memory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, available_kb: int, expected: int
+) -> None:
+    monkeypatch.setattr(llm_engine_module, "_MEMINFO", _meminfo(tmp_path, free_kb=900_000, available_kb=available_kb))
+    assert default_cpu_kv_bytes() == expected
+
+
+def test_without_memavailable_idle_pages_are_the_measure(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(llm_engine_module, "_MEMINFO", _meminfo(tmp_path, free_kb=900_000, available_kb=None))
+    monkeypatch.setattr(llm_engine_module.os, "sysconf", lambda name: {"SC_AVPHYS_PAGES": 1 << 20, "SC_PAGE_SIZE": 4096}[name])
+    assert default_cpu_kv_bytes() == (4 << 30) // 4
+
+
+def test_no_meminfo_at_all_falls_back_too(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(llm_engine_module, "_MEMINFO", str(tmp_path / "absent"))
+    monkeypatch.setattr(llm_engine_module.os, "sysconf", lambda name: {"SC_AVPHYS_PAGES": 1 << 18, "SC_PAGE_SIZE": 4096}[name])
+    assert default_cpu_kv_bytes() == 256 * MIB
+
+
+def test_this_machine_reads_its_own_meminfo() -> None:
+    if not Path("/proc/meminfo").exists():
+        pytest.skip("no /proc/meminfo")
+    available = llm_engine_module._available_memory_bytes()
+    assert available is not None and available > 0
+    assert default_cpu_kv_bytes() == max(256 * MIB, min(4 << 30, available // 4))
