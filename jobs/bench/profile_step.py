@@ -26,7 +26,7 @@ from batchgen.models.checkpoint import load_checkpoint
 # First match wins: kv_write's index_copy must be tested before attention's "aten::index", and the
 # named batchgen ops before attention's "batchgen::".
 _CATEGORIES = (
-    ("gemm", ("aten::addmm", "aten::mm", "aten::linear", "aten::matmul", "aten::bmm", "mkldnn::_linear_pointwise", "mkl::_mkl_linear")),
+    ("gemm", ("aten::addmm", "aten::mm", "aten::linear", "aten::matmul", "aten::bmm", "mkldnn::_linear_pointwise", "mkl::_mkl_linear", "batchgen::packed_linear")),
     ("kv_write", ("aten::index_copy", "batchgen::write_kv")),
     ("norm_rope", ("batchgen::rms_norm", "batchgen::rotary", "aten::rsqrt", "aten::pow", "aten::cat")),
     ("silu_mul", ("batchgen::silu_and_mul", "aten::silu")),
