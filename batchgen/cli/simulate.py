@@ -3,7 +3,7 @@
     batchgen simulate job.yaml [--hardware NAME|FILE.yaml] [--model-config config.json]
                                [--workers N] [--output-lens max-tokens|sharegpt]
                                [--outputs-from RUN_DIR] [--core auto|compiled|python] [--out DIR]
-    batchgen simulate --calibrate RUN_DIR --out PROFILE.yaml [--model-config config.json]
+    batchgen simulate --calibrate RUN_DIR [RUN_DIR ...] --out PROFILE.yaml [--model-config config.json]
 
 The first prints the predicted figures (and with `--out` writes `summary.json`,
 `timeline.parquet` and `report.html`, marked as simulated); the second fits this machine's
@@ -47,7 +47,11 @@ def add_simulate_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]
     )
     sim.add_argument("--outputs-from", default=None, help="replay the output lengths (and tokens) of a previous run's folder")
     sim.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a job key, e.g. engine.max_num_seqs=64")
-    sim.add_argument("--calibrate", default=None, metavar="RUN_DIR", help="fit this machine's profile from a run's timeline; needs --out")
+    sim.add_argument(
+        "--calibrate", default=None, nargs="+", metavar="RUN_DIR",
+        help="fit this machine's profile from a run's timeline (or several runs' of one model: runs at "
+        "different max_num_seqs separate a step's fixed cost from its per-token cost); needs --out",
+    )  # fmt: skip
     sim.add_argument("--name", default="calibrated", help="with --calibrate: the profile's name")
     sim.add_argument("--out", default=None, help="a folder for the simulation's files, or the profile file with --calibrate")
     sim.add_argument(
@@ -82,16 +86,17 @@ def _calibrate(args: argparse.Namespace) -> int:
     if args.out is None:
         print("error: simulate --calibrate: give --out PROFILE.yaml", file=sys.stderr)
         return 2
-    run = read_run(Path(args.calibrate))
+    runs = [read_run(Path(p)) for p in args.calibrate]
+    run = runs[0]
     model_config = Path(args.model_config) if args.model_config else None
     try:
         shape = load_sim_shape(run.model, model_config=model_config)
     except FileNotFoundError as exc:  # the run's model is not here (a GPU run's was the device's)
         raise FileNotFoundError(f"{exc} (the run's model; give --model-config with its config.json)") from exc
-    result = calibrate(run, shape, name=args.name)
+    result = calibrate(runs, shape, name=args.name)
     p = result.profile
     comment = (
-        f"Calibrated from {run.source} ({result.num_intervals} timeline intervals, R^2 {result.r_squared:.3f};\n"
+        f"Calibrated from {', '.join(str(r.source) for r in runs)} ({result.num_intervals} timeline intervals, R^2 {result.r_squared:.3f};\n"
         f"measured {result.measured_s:.2f} s, this profile predicts {result.predicted_s:.2f} s).\n"
         "Fitted: t = step_overhead_s*steps + seq_overhead_s*seqs + (flops + attention flops)/peak_flops\n"
         "  + bytes/memory_bandwidth\n"

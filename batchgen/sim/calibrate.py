@@ -26,6 +26,7 @@ from __future__ import annotations
 import itertools
 import json
 import platform
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -223,13 +224,33 @@ def fit_profile(
     )
 
 
-def calibrate(run: RunRecord, shape: ModelShape, *, name: str = "calibrated") -> Calibration:
-    """Fit a profile to `run` for a model of `shape` (the run's model)."""
-    block_bytes = shape.kv_bytes_per_token(run.dtype_bytes) * run.block_size
-    kv_bytes = float(run.num_kv_blocks * block_bytes) if run.num_kv_blocks else None
+def calibrate(
+    run: RunRecord | Sequence[RunRecord], shape: ModelShape, *, name: str = "calibrated"
+) -> Calibration:
+    """Fit a profile to `run` (one run, or several of the same model, dtype and device fitted as
+    one set of intervals) for a model of `shape` (the runs' model).
+
+    Several runs with different batch widths (`max_num_seqs`) let the fit tell a step's fixed cost
+    from its per-token cost: in one run whose steps are nearly all as wide, the two move together
+    and any split of them fits. The KV pool of the profile is the first run's. Raises ValueError
+    for no runs, or runs of different models, dtypes or devices."""
+    runs = (run,) if isinstance(run, RunRecord) else tuple(run)
+    if not runs:
+        raise ValueError("calibrate: no runs given")
+    first = runs[0]
+    for other in runs[1:]:
+        theirs, ours = (other.model, other.dtype_bytes, other.device), (first.model, first.dtype_bytes, first.device)
+        if theirs != ours:
+            raise ValueError(
+                f"calibrate: {other.source} ran {theirs[0]} ({theirs[1]}-byte numbers, {theirs[2]}), "
+                f"{first.source} {ours[0]} ({ours[1]}-byte numbers, {ours[2]}): one profile is fitted to one model's runs"
+            )
+    block_bytes = shape.kv_bytes_per_token(first.dtype_bytes) * first.block_size
+    kv_bytes = float(first.num_kv_blocks * block_bytes) if first.num_kv_blocks else None
     return fit_profile(
-        run.works, run.seconds, shape, dtype_bytes=run.dtype_bytes, kv_cache_bytes=kv_bytes, name=name,
-        device=run.device, source=str(run.source),
+        [w for r in runs for w in r.works], [t for r in runs for t in r.seconds], shape,
+        dtype_bytes=first.dtype_bytes, kv_cache_bytes=kv_bytes, name=name, device=first.device,
+        source=", ".join(str(r.source) for r in runs),
     )
 
 

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from batchgen.sim.calibrate import _intervals, fit_profile
+from batchgen.sim.calibrate import RunRecord, _intervals, calibrate, fit_profile
 from batchgen.sim.cost import CostModel, ModelShape, StepWork
 from batchgen.sim.hardware import HardwareProfile
 
@@ -99,3 +100,35 @@ def test_an_interval_stands_for_the_time_to_the_next_ones_start() -> None:
     works, seconds = _intervals(rows)  # type: ignore[arg-type]
     assert seconds == pytest.approx([1.0, 2.0, 0.4 + 0.15, 3.0])
     assert works[0] == StepWork(2, 4, 14, 4, 30, 70)
+
+
+def _decode_run(seqs: int, truth: HardwareProfile, source: str, model: str = "m", dtype_bytes: int = 4) -> RunRecord:
+    """A run whose intervals are all decode steps `seqs` wide (one interval a step, contexts
+    growing): its steps' fixed cost and per-token cost move together."""
+    works = tuple(StepWork(1, seqs, seqs, seqs, seqs * (100 + 3 * i), seqs * (101 + 3 * i)) for i in range(40))
+    seconds = tuple(CostModel(SHAPE, truth).seconds(w) for w in works)
+    return RunRecord(works=works, seconds=seconds, model=model, dtype_bytes=dtype_bytes, num_kv_blocks=64,
+                     block_size=16, source=Path(source))
+
+
+def test_runs_of_two_batch_widths_fit_as_one_and_separate_the_fixed_cost() -> None:
+    truth = _truth(1e-3, 0.0, 2e10, 1e30)
+    narrow, wide = _decode_run(2, truth, "run2"), _decode_run(8, truth, "run8")
+    fit = calibrate([narrow, wide], SHAPE, name="two")
+    assert fit.num_intervals == 80 and fit.r_squared == pytest.approx(1.0)
+    assert fit.profile.step_overhead_s == pytest.approx(1e-3, rel=1e-6)
+    assert fit.profile.peak_flops == pytest.approx(2e10, rel=1e-6)
+    assert fit.profile.description.endswith("from run2, run8")
+    # the fitted profile prices a width neither run had
+    other = StepWork(1, 32, 32, 32, 32 * 200, 32 * 201)
+    assert CostModel(SHAPE, fit.profile).seconds(other) == pytest.approx(CostModel(SHAPE, truth).seconds(other), rel=1e-6)
+    assert calibrate(narrow, SHAPE).num_intervals == calibrate([narrow], SHAPE).num_intervals == 40
+
+
+@pytest.mark.parametrize(("model", "dtype_bytes"), [("other", 4), ("m", 2)])
+def test_runs_of_other_models_or_dtypes_are_refused(model: str, dtype_bytes: int) -> None:
+    truth = _truth(1e-3, 0.0, 2e10, 1e30)
+    with pytest.raises(ValueError, match="one profile is fitted to one model's runs"):
+        calibrate([_decode_run(2, truth, "a"), _decode_run(8, truth, "b", model, dtype_bytes)], SHAPE)
+    with pytest.raises(ValueError, match="no runs"):
+        calibrate([], SHAPE)

@@ -82,7 +82,8 @@ def test_calibration_writes_a_profile_the_simulator_takes(job: Path, tmp_path: P
                                                          capsys: pytest.CaptureFixture[str]) -> None:
     profile = tmp_path / "here.yaml"
     assert main(["simulate", "--calibrate", str(job.parent / "out"), "--out", str(profile), "--name", "here"]) == 0
-    assert "R^2" in capsys.readouterr().out
+    first_out = capsys.readouterr().out
+    assert "R^2" in first_out
     p = load_hardware(str(profile))
     assert (p.name, p.overlap, p.dtype_bytes) == ("here", False, 4)
     assert p.kv_cache_bytes is not None and p.kv_cache_bytes > 0
@@ -93,6 +94,11 @@ def test_calibration_writes_a_profile_the_simulator_takes(job: Path, tmp_path: P
     sim = json.loads((out / "summary.json").read_text())
     # in-sample: the run the profile was fitted on, replayed, takes about its measured time
     assert 0.5 < sim["pipeline_s"] / real["pipeline_s"] < 2.0
+    # several runs fit as one set of intervals (here the same run twice: twice the intervals)
+    twice = tmp_path / "twice.yaml"
+    assert main(["simulate", "--calibrate", str(job.parent / "out"), str(job.parent / "out"), "--out", str(twice)]) == 0
+    once_n, twice_n = (int(out.split(" intervals")[0].rsplit(" ", 1)[1]) for out in (first_out, capsys.readouterr().out))
+    assert twice_n == 2 * once_n > 0
 
 
 def test_bad_invocations_exit_2_with_one_message(job: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
