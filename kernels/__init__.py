@@ -29,8 +29,10 @@ from .linear_cpu import (
     bf16_linear_supported,
     linear,
     pack_linear_weight,
+    pack_silu_gate_up,
     packed_linear_library,
     packing_libraries,
+    silu_gate_up,
 )
 from .metadata import AttentionMetadata
 from .token_bitmask import unpack_bitmask
@@ -48,6 +50,7 @@ __all__ = [
     "linear",
     "new_kv_cache",
     "pack_linear_weight",
+    "pack_silu_gate_up",
     "packed_linear_library",
     "packing_libraries",
     "paged_attention",
@@ -57,6 +60,7 @@ __all__ = [
     "rms_norm",
     "rotary_embedding",
     "silu_and_mul",
+    "silu_gate_up",
     "unpack_bitmask",
     "write_kv",
 ]

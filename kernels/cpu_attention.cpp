@@ -726,6 +726,15 @@ int64_t linear_panel_width() {
 #endif
 }
 
+// The gated (silu) kernel's half-panel width: gate columns per panel, then as many up columns.
+int64_t gated_panel_half() {
+#if defined(BATCHGEN_TILE16)
+  return tile16::kGatedHalf;
+#else
+  return 0;
+#endif
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_attention", &paged_attention, "paged attention over the KV block pool (float32, CPU)",
         py::arg("query"), py::arg("k_cache"), py::arg("v_cache"), py::arg("block_tables"), py::arg("seq_lens"),
@@ -737,7 +746,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("write_kv", &write_kv, "store each token's K/V at its pool slot (float32, CPU)");
   m.def("argmax_rows", &argmax_rows, "index of each row's largest value, as torch.argmax (float32, CPU)");
   m.def("linear_panel_width", &linear_panel_width, "the packed linear layers' panel width (0: none in this build)");
+  m.def("gated_panel_half", &gated_panel_half, "the gated kernel's gate columns per panel (0: none in this build)");
 #if defined(BATCHGEN_TILE16)
+  m.def("packed_silu_gate_up", &packed_silu_gate_up, "silu(x G^T) * (x U^T) over a gate/up-packed weight (float32, CPU)",
+        py::arg("x"), py::arg("packed"), py::arg("intermediate"));
   m.def("packed_linear", &packed_linear, "x W^T + b over a column-packed weight (float32, CPU)", py::arg("x"),
         py::arg("packed"), py::arg("out_features"), py::arg("bias") = py::none());
 #endif

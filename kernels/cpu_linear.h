@@ -120,7 +120,128 @@ inline void linear_panel(const float* x, int64_t m, int64_t K, const float* w, c
   }
 }
 
+// The gated MLP's first projection fused with its activation: silu(x G^T) * (x U^T) for gate rows
+// G and up rows U of one [2n, K] matrix, packed as panels of kGatedHalf gate columns followed by
+// the same kGatedHalf up columns (kernels/linear_cpu.py packs them), so that a panel's
+// accumulators hold both halves of its outputs and the [M, 2n] product is never written. Each
+// product is the same FMA chain as packed_linear's, and silu(g) * u the same arithmetic, lane for
+// lane, as silu_and_mul in cpu_small_ops.h: the fused result equals the two ops' bit for bit.
+#if defined(BATCHGEN_TILE16_HALVES)
+constexpr int kGatedVectors = 1;  // 3 rows x (1 gate + 1 up) x 2 halves = 12 AVX2 accumulators
+constexpr int kGatedRows = 3;
+#else
+constexpr int kGatedVectors = 2;  // 6 rows x (2 gate + 2 up) = 24 AVX-512 accumulators
+constexpr int kGatedRows = 6;
+#endif
+constexpr int64_t kGatedHalf = 16 * kGatedVectors;
+
+// silu(g) * u, 16 lanes: g * sigmoid(g) with sigmoid from e = exp(-|g|) (1 / (1 + e), or e / (1 + e)
+// for g < 0), as silu_and_mul computes it.
+inline __m512 silu_mul(__m512 g, __m512 u) {
+  const __m512 zero = _mm512_setzero_ps();
+  const __m512 one = _mm512_set1_ps(1.0f);
+  const __m512 e = exp_neg(_mm512_sub_ps(zero, _mm512_abs_ps(g)));
+  const __m512 inv = _mm512_div_ps(one, _mm512_add_ps(one, e));
+  const __mmask16 negative = _mm512_cmp_ps_mask(g, zero, _CMP_LT_OQ);
+  const __m512 sig = _mm512_mask_blend_ps(negative, inv, _mm512_mul_ps(e, inv));
+  return _mm512_mul_ps(_mm512_mul_ps(g, sig), u);
+}
+
+template <int R>
+inline void gated_rows(const float* __restrict x, int64_t lda, const float* __restrict w, int64_t K,
+                       float* __restrict out, int64_t ldc, int64_t cols, const char* prefetch, int64_t prefetch_lines) {
+  constexpr int V = 2 * kGatedVectors;
+  constexpr int64_t width = 2 * kGatedHalf;
+  __m512 acc[R][V];
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < V; ++v) acc[r][v] = _mm512_setzero_ps();
+  const int64_t lines_per_k = (prefetch_lines + K - 1) / K;
+  for (int64_t k = 0; k < K; ++k) {
+    for (int64_t j = 0, line = k * lines_per_k; j < lines_per_k && line < prefetch_lines; ++j, ++line) {
+      __builtin_prefetch(prefetch + line * 64, 0, 3);
+    }
+    __m512 b[V];
+    for (int v = 0; v < V; ++v) b[v] = _mm512_loadu_ps(w + k * width + 16 * v);
+    for (int r = 0; r < R; ++r) {
+      const __m512 a = _mm512_set1_ps(x[r * lda + k]);
+      for (int v = 0; v < V; ++v) acc[r][v] = _mm512_fmadd_ps(a, b[v], acc[r][v]);
+    }
+  }
+  for (int v = 0; v < kGatedVectors; ++v) {
+    const int64_t c0 = 16 * v;
+    if (c0 >= cols) break;
+    for (int r = 0; r < R; ++r) {
+      const __m512 y = silu_mul(acc[r][v], acc[r][kGatedVectors + v]);
+      if (c0 + 16 <= cols) {
+        _mm512_storeu_ps(out + r * ldc + c0, y);
+      } else {
+        float tail[16];
+        _mm512_storeu_ps(tail, y);
+        std::memcpy(out + r * ldc + c0, tail, sizeof(float) * (cols - c0));
+      }
+    }
+  }
+}
+
+inline void gated_panel(const float* x, int64_t m, int64_t K, const float* w, float* out, int64_t ldc, int64_t cols,
+                        const float* next) {
+  const int64_t lines = K * 2 * kGatedHalf * static_cast<int64_t>(sizeof(float)) / 64;
+  const int64_t blocks = (m + kGatedRows - 1) / kGatedRows;
+  for (int64_t i = 0; i < blocks; ++i) {
+    const int64_t r0 = i * kGatedRows;
+    const int64_t rows = std::min<int64_t>(kGatedRows, m - r0);
+    const char* pf = next ? reinterpret_cast<const char*>(next) + (lines * i / blocks) * 64 : nullptr;
+    const int64_t pf_lines = next ? lines * (i + 1) / blocks - lines * i / blocks : 0;
+    const float* xr = x + r0 * K;
+    float* o = out + r0 * ldc;
+    switch (rows) {
+#define BATCHGEN_GATED_ROWS(n)                                                          \
+  case n:                                                                               \
+    if constexpr (n <= kGatedRows) gated_rows<n>(xr, K, w, K, o, ldc, cols, pf, pf_lines); \
+    break;
+      BATCHGEN_GATED_ROWS(1) BATCHGEN_GATED_ROWS(2) BATCHGEN_GATED_ROWS(3)
+      BATCHGEN_GATED_ROWS(4) BATCHGEN_GATED_ROWS(5) BATCHGEN_GATED_ROWS(6)
+#undef BATCHGEN_GATED_ROWS
+      default: break;
+    }
+  }
+}
+
 }  // namespace tile16
+
+// silu(x G^T) * (x U^T) over a weight packed as [P, K, 2 * kGatedHalf] (see gated_panel) with
+// `intermediate` real columns per half: [M, intermediate].
+inline torch::Tensor packed_silu_gate_up(const torch::Tensor& x, const torch::Tensor& packed, int64_t intermediate) {
+  constexpr int64_t width = 2 * tile16::kGatedHalf;
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat && x.is_contiguous(), "x: contiguous [M, K] float32");
+  TORCH_CHECK(packed.dim() == 3 && packed.scalar_type() == torch::kFloat && packed.is_contiguous() &&
+                  packed.size(2) == width,
+              "packed: contiguous [P, K, ", width, "] float32");
+  const int64_t M = x.size(0), K = x.size(1), P = packed.size(0);
+  TORCH_CHECK(packed.size(1) == K, "x has ", K, " columns, the packed weight ", packed.size(1));
+  TORCH_CHECK(intermediate > (P - 1) * tile16::kGatedHalf && intermediate <= P * tile16::kGatedHalf,
+              "intermediate ", intermediate, " does not fit ", P, " panels");
+  auto out = torch::empty({M, intermediate}, x.options());
+  if (M == 0) return out;
+  if (K == 0) return out.zero_();
+  const float* xs = x.data_ptr<float>();
+  const float* w = packed.data_ptr<float>();
+  float* o = out.data_ptr<float>();
+  const int64_t panel_size = K * width;
+  for (int64_t m0 = 0; m0 < M; m0 += tile16::kRowBlock) {
+    const int64_t m = std::min(tile16::kRowBlock, M - m0);
+    at::parallel_for(0, P, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t p = begin; p < end; ++p) {
+        const int64_t c0 = p * tile16::kGatedHalf;
+        const int64_t cols = std::min<int64_t>(tile16::kGatedHalf, intermediate - c0);
+        const float* next = p + 1 < end ? w + (p + 1) * panel_size : nullptr;
+        tile16::gated_panel(xs + m0 * K, m, K, w + p * panel_size, o + m0 * intermediate + c0, intermediate, cols,
+                            next);
+      }
+    });
+  }
+  return out;
+}
 
 // x [M, K] (float32, contiguous) times a weight packed as [P, K, kPanel] with `out_features`
 // real columns, plus an optional bias [out_features]: [M, out_features].

@@ -65,8 +65,10 @@ __all__ = [
     "cpu_vendor",
     "linear",
     "pack_linear_weight",
+    "pack_silu_gate_up",
     "packed_linear_library",
     "packing_libraries",
+    "silu_gate_up",
 ]
 
 # The row count the packers are told: it picks MKL's blocking (see above); oneDNN tunes for it.
@@ -81,6 +83,7 @@ class PackedLinear:
     shape: torch.Tensor  # zero-stride float32 [out, in]: the shape `_mkl_linear` reads
     library: str  # "mkl", "onednn" or "batchgen"
     compute_dtype: torch.dtype = torch.float32  # bfloat16: bf16 operands and result (oneDNN), widened
+    gated: bool = False  # a gated MLP's [gate | up] packed for `silu_gate_up`, which `linear` refuses
 
     @property
     def out_features(self) -> int:
@@ -203,10 +206,48 @@ def _pack_panels(weight: torch.Tensor, panel: int | None = None) -> PackedLinear
     return PackedLinear(packed=packed, shape=shape, library="batchgen")
 
 
+def pack_silu_gate_up(weight: torch.Tensor) -> PackedLinear:
+    """A gated MLP's fused [gate | up] ([2n, in], float32) packed for `silu_gate_up`: panels of
+    the kernel's half width of gate columns, each followed by the same up columns (zeros past n).
+    Raises RuntimeError where batchgen's kernel is not built here."""
+    if weight.dtype != torch.float32 or weight.device.type != "cpu" or weight.dim() != 2 or weight.shape[0] % 2:
+        raise ValueError(f"pack_silu_gate_up takes a 2-D float32 CPU [2n, in] tensor, got {weight.dtype} {tuple(weight.shape)}")
+    half = _gated_panel_half()
+    if not half:
+        raise RuntimeError("batchgen's gated linear kernel needs the compiled CPU extension on a CPU with AVX2")
+    n, in_features = weight.shape[0] // 2, weight.shape[1]
+    panels = -(-n // half)
+    halves = []
+    for part in (weight[:n], weight[n:]):
+        padded = weight.new_zeros(panels * half, in_features)
+        padded[:n] = part
+        halves.append(padded.view(panels, half, in_features))
+    packed = torch.cat(halves, dim=1).transpose(1, 2).contiguous()  # [P, in, gate half | up half]
+    shape = torch.empty(1, 1, dtype=torch.float32).expand(weight.shape)
+    return PackedLinear(packed=packed, shape=shape, library="batchgen", gated=True)
+
+
+@functools.cache
+def _gated_panel_half() -> int:
+    return int(load_cpu_kernel().gated_panel_half()) if batchgen_linear_panel() else 0
+
+
+def silu_gate_up(x: torch.Tensor, weight: PackedLinear) -> torch.Tensor:
+    """silu(x @ gate.T) * (x @ up.T) for a weight from `pack_silu_gate_up`: the same bits as
+    `silu_and_mul` of `linear` over the weight packed plainly, without the [T, 2n] product."""
+    if not weight.gated:
+        raise ValueError("silu_gate_up takes a weight packed by pack_silu_gate_up")
+    with _named("batchgen::packed_linear_cpu"):
+        out: torch.Tensor = load_cpu_kernel().packed_silu_gate_up(x.contiguous(), weight.packed, weight.out_features // 2)
+    return out
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor | PackedLinear, bias: torch.Tensor | None = None) -> torch.Tensor:
     """x @ weight.T + bias for 2-D x, with a plain weight or one from `pack_linear_weight`."""
     if isinstance(weight, torch.Tensor):
         return F.linear(x, weight, bias)
+    if weight.gated:
+        raise ValueError("a gate/up weight packed for silu_gate_up is not a linear layer's: call silu_gate_up")
     x = x.contiguous()
     out: torch.Tensor
     if weight.compute_dtype == torch.bfloat16:

@@ -191,3 +191,28 @@ def test_packed_linear_builds_give_the_same_bits(with_bias: bool) -> None:
         other = avx512.packed_linear(x, _pack_panels(weight, 48).packed, out_features, bias)
         assert torch.equal(one, other)
         torch.testing.assert_close(one, torch.nn.functional.linear(x, weight, bias), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.skipif(not _HAS_AVX2, reason="no AVX2: the halves are not built on this CPU")
+def test_gated_silu_builds_give_the_same_bits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fused gate/up + silu (16 gate columns a panel over AVX2 halves, 32 over AVX-512) gives
+    the same bits in both builds, each packed for its own half width."""
+    from batchgen.kernels import linear_cpu
+
+    if _HAS_AVX512:
+        halves, avx512 = _build("AVX2 halves"), load_cpu_kernel()
+    else:
+        halves, avx512 = load_cpu_kernel(), _build("emulated AVX-512")
+    assert (halves.gated_panel_half(), avx512.gated_panel_half()) == (16, 32)
+    gen = torch.Generator().manual_seed(4)
+    for intermediate, in_features, rows in [(40, 24, 7), (64, 576, 5), (8, 3, 1)]:
+        weight = torch.randn(2 * intermediate, in_features, generator=gen)
+        x = torch.randn(rows, in_features, generator=gen)
+        results = []
+        for module in (halves, avx512):
+            monkeypatch.setattr(linear_cpu, "_gated_panel_half", module.gated_panel_half)
+            packed = linear_cpu.pack_silu_gate_up(weight).packed
+            results.append(module.packed_silu_gate_up(x, packed, intermediate))
+        assert torch.equal(results[0], results[1])
+        gate, up = torch.nn.functional.linear(x, weight).chunk(2, dim=-1)
+        torch.testing.assert_close(results[0], torch.nn.functional.silu(gate) * up, rtol=1e-4, atol=1e-4)

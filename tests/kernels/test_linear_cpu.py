@@ -1,4 +1,4 @@
-"""Linear layers with packed weights (MKL and oneDNN) against F.linear, and the model's choice."""
+"""Linear layers with packed weights (MKL, oneDNN, batchgen's kernel) against F.linear, and the model's choice."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from batchgen.kernels import (
     pack_linear_weight,
     packed_linear_library,
     packing_libraries,
+    silu_and_mul,
 )
 from batchgen.models.checkpoint import load_checkpoint
 from batchgen.models.llama import LlamaModel
@@ -166,6 +167,40 @@ def test_batchgen_packed_linear_takes_strided_input_and_refuses_bad_shapes() -> 
         kernel.packed_linear(torch.randn(3, 8), packed.packed, 20 + linear_cpu.batchgen_linear_panel())
     with pytest.raises(RuntimeError, match="bias"):
         kernel.packed_linear(torch.randn(3, 8), packed.packed, 20, torch.randn(19))
+
+
+@needs_panels
+@pytest.mark.parametrize(("intermediate", "in_features"), [(1536, 576), (56, 7), (40, 16), (8, 3), (96, 1)])
+def test_silu_gate_up_is_silu_and_mul_of_the_product_bit_for_bit(intermediate: int, in_features: int) -> None:
+    # The fused op's products are packed_linear's FMA chains and its activation silu_and_mul's
+    # arithmetic lane for lane (whole 8-float groups: silu_and_mul's scalar tail is libm's exp).
+    gen = torch.Generator().manual_seed(intermediate + in_features)
+    weight = torch.randn(2 * intermediate, in_features, generator=gen)
+    plain, fused = pack_linear_weight(weight, "batchgen"), linear_cpu.pack_silu_gate_up(weight)
+    assert fused.gated and (fused.out_features, fused.in_features) == (2 * intermediate, in_features)
+    for rows in (0, 1, 5, 6, 7, 13, 64, 257, 300):
+        x = torch.randn(rows, in_features, generator=gen)
+        out = linear_cpu.silu_gate_up(x, fused)
+        assert out.shape == (rows, intermediate)
+        assert torch.equal(out, silu_and_mul(linear(x, plain)))
+        gate, up = F.linear(x.double(), weight.double()).chunk(2, dim=-1)
+        exact = F.silu(gate) * up
+        assert rows == 0 or float((out.double() - exact).abs().max()) < 1e-5 * (1 + float(exact.abs().max()))
+
+
+@needs_panels
+def test_silu_gate_up_with_a_partial_last_panel_and_its_refusals() -> None:
+    weight = torch.randn(2 * 50, 9)
+    fused = linear_cpu.pack_silu_gate_up(weight)
+    x = torch.randn(11, 18)[:, ::2]  # strided
+    gate, up = F.linear(x, weight).chunk(2, dim=-1)
+    torch.testing.assert_close(linear_cpu.silu_gate_up(x, fused), F.silu(gate) * up, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="not a linear layer's"):
+        linear(x, fused)
+    with pytest.raises(ValueError, match="packed by pack_silu_gate_up"):
+        linear_cpu.silu_gate_up(x, pack_linear_weight(weight, "batchgen"))
+    with pytest.raises(ValueError, match=r"\[2n, in\]"):
+        linear_cpu.pack_silu_gate_up(torch.randn(7, 4))
 
 
 def test_cpu_vendor_reads_this_machine() -> None:
