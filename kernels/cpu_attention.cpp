@@ -716,22 +716,14 @@ torch::Tensor paged_attention(torch::Tensor query, torch::Tensor k_cache, torch:
 #include "cpu_linear.h"
 #endif
 
-// The packed linear layers' panel width, which kernels/linear_cpu.py packs for: 0 where this build
-// has none (a CPU without AVX2).
-int64_t linear_panel_width() {
+// What kernels/linear_cpu.py packs for: the linear kernel's panel width and the gated kernel's
+// gate columns per panel (then as many up columns); (0, 0) where this build has neither (a CPU
+// without AVX2).
+std::pair<int64_t, int64_t> linear_panel_widths() {
 #if defined(BATCHGEN_TILE16)
-  return tile16::kPanel;
+  return {tile16::kPanel, tile16::kGatedHalf};
 #else
-  return 0;
-#endif
-}
-
-// The gated (silu) kernel's half-panel width: gate columns per panel, then as many up columns.
-int64_t gated_panel_half() {
-#if defined(BATCHGEN_TILE16)
-  return tile16::kGatedHalf;
-#else
-  return 0;
+  return {0, 0};
 #endif
 }
 
@@ -745,8 +737,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("silu_and_mul", &silu_and_mul, "silu(gate) * up of a fused [gate | up] (float32, CPU)");
   m.def("write_kv", &write_kv, "store each token's K/V at its pool slot (float32, CPU)");
   m.def("argmax_rows", &argmax_rows, "index of each row's largest value, as torch.argmax (float32, CPU)");
-  m.def("linear_panel_width", &linear_panel_width, "the packed linear layers' panel width (0: none in this build)");
-  m.def("gated_panel_half", &gated_panel_half, "the gated kernel's gate columns per panel (0: none in this build)");
+  m.def("linear_panel_widths", &linear_panel_widths,
+        "the packed linear kernel's panel width and the gated kernel's gate columns per panel ((0, 0): none here)");
 #if defined(BATCHGEN_TILE16)
   m.def("packed_silu_gate_up", &packed_silu_gate_up, "silu(x G^T) * (x U^T) over a gate/up-packed weight (float32, CPU)",
         py::arg("x"), py::arg("packed"), py::arg("intermediate"));

@@ -116,9 +116,16 @@ def batchgen_linear_panel() -> int:
     """The panel width of batchgen's packed linear kernel in this machine's build of the CPU
     extension (48 with AVX-512, 16 with AVX2 only), or 0 where there is none (no compiler, a CPU
     without AVX2). Builds the extension on first use."""
+    return _panel_widths()[0]
+
+
+@functools.cache
+def _panel_widths() -> tuple[int, int]:
+    """(linear panel width, gated half width) of this machine's build; (0, 0) where there is none."""
     if not is_cpu_kernel_available():
-        return 0
-    return int(load_cpu_kernel().linear_panel_width())
+        return 0, 0
+    panel, half = load_cpu_kernel().linear_panel_widths()
+    return int(panel), int(half)
 
 
 def cpu_vendor() -> str:
@@ -227,9 +234,8 @@ def pack_silu_gate_up(weight: torch.Tensor) -> PackedLinear:
     return PackedLinear(packed=packed, shape=shape, library="batchgen", gated=True)
 
 
-@functools.cache
 def _gated_panel_half() -> int:
-    return int(load_cpu_kernel().gated_panel_half()) if batchgen_linear_panel() else 0
+    return _panel_widths()[1]
 
 
 def silu_gate_up(x: torch.Tensor, weight: PackedLinear) -> torch.Tensor:

@@ -89,6 +89,14 @@ def _build(variant: str) -> ModuleType:
     return module
 
 
+def _halves_and_avx512() -> tuple[ModuleType, ModuleType]:
+    """The AVX2-halves build and an AVX-512 one: the halves' test build and the production build
+    on a CPU with AVX-512, the production build and the emulation on one without."""
+    if _HAS_AVX512:
+        return _build("AVX2 halves"), load_cpu_kernel()
+    return load_cpu_kernel(), _build("emulated AVX-512")
+
+
 @pytest.fixture(scope="module", params=VARIANTS)
 def variant(request: pytest.FixtureRequest) -> ModuleType:
     """The variant build under test."""
@@ -155,10 +163,7 @@ def test_tile_variant_decode_chunks_split_at_window_starts(
 def test_avx2_halves_equal_the_avx512_paths_bit_for_bit(case: str, window: int | None, cap: float | None) -> None:
     """The halves against the AVX-512 paths: the production build against the emulation on a
     CPU without AVX-512, the halves' test build against the production build on one with it."""
-    if _HAS_AVX512:
-        halves, avx512 = _build("AVX2 halves"), load_cpu_kernel()
-    else:
-        halves, avx512 = load_cpu_kernel(), _build("emulated AVX-512")
+    halves, avx512 = _halves_and_avx512()
     for head_dim in (64, 128):
         batch = in_cpu_layout(make_batch(*CASES[case], num_heads=9, num_kv_heads=3, head_dim=head_dim,
                                          device=torch.device("cpu")))  # fmt: skip
@@ -177,11 +182,8 @@ def test_packed_linear_builds_give_the_same_bits(with_bias: bool) -> None:
     builds' products are the same bits, each packed for its own panel width."""
     from batchgen.kernels.linear_cpu import _pack_panels
 
-    if _HAS_AVX512:
-        halves, avx512 = _build("AVX2 halves"), load_cpu_kernel()
-    else:
-        halves, avx512 = load_cpu_kernel(), _build("emulated AVX-512")
-    assert (halves.linear_panel_width(), avx512.linear_panel_width()) == (16, 48)
+    halves, avx512 = _halves_and_avx512()
+    assert (halves.linear_panel_widths(), avx512.linear_panel_widths()) == ((16, 16), (48, 32))
     gen = torch.Generator().manual_seed(3)
     for out_features, in_features, rows in [(100, 40, 13), (48, 7, 1), (17, 576, 9)]:
         weight = torch.randn(out_features, in_features, generator=gen)
@@ -199,18 +201,14 @@ def test_gated_silu_builds_give_the_same_bits(monkeypatch: pytest.MonkeyPatch) -
     the same bits in both builds, each packed for its own half width."""
     from batchgen.kernels import linear_cpu
 
-    if _HAS_AVX512:
-        halves, avx512 = _build("AVX2 halves"), load_cpu_kernel()
-    else:
-        halves, avx512 = load_cpu_kernel(), _build("emulated AVX-512")
-    assert (halves.gated_panel_half(), avx512.gated_panel_half()) == (16, 32)
+    halves, avx512 = _halves_and_avx512()
     gen = torch.Generator().manual_seed(4)
     for intermediate, in_features, rows in [(40, 24, 7), (64, 576, 5), (8, 3, 1)]:
         weight = torch.randn(2 * intermediate, in_features, generator=gen)
         x = torch.randn(rows, in_features, generator=gen)
         results = []
         for module in (halves, avx512):
-            monkeypatch.setattr(linear_cpu, "_gated_panel_half", module.gated_panel_half)
+            monkeypatch.setattr(linear_cpu, "_gated_panel_half", lambda module=module: module.linear_panel_widths()[1])
             packed = linear_cpu.pack_silu_gate_up(weight).packed
             results.append(module.packed_silu_gate_up(x, packed, intermediate))
         assert torch.equal(results[0], results[1])
