@@ -54,8 +54,9 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     checkpoint = load_checkpoint(None)
     requests = build_workload(args.workload, checkpoint.tokenizer, num_requests=args.num_requests, max_tokens=128)
+    scheduler_config = SchedulerConfig()
     engine = LLMEngine(
-        checkpoint, scheduler_config=SchedulerConfig(), cache_config=CacheConfig(), runner_config=RunnerConfig(attention_backend=args.backend)
+        checkpoint, scheduler_config=scheduler_config, cache_config=CacheConfig(), runner_config=RunnerConfig(attention_backend=args.backend)
     )
     for r in requests:
         engine.add_request(list(r.prompt_token_ids), SamplingParams(temperature=0, max_tokens=r.max_tokens, ignore_eos=True))
@@ -65,8 +66,11 @@ def main() -> None:
         before = engine.stats().generation_tokens
         engine.step()
         num_prefill_steps += 1
-        # every queued sequence is running and each drew a token: the all-decode regime
-        if engine.scheduler.num_waiting == 0 and engine.stats().generation_tokens - before == len(requests):
+        # every seat (or every request, where they are fewer) holds a sequence and each drew a
+        # token: the all-decode regime (512 requests fill the 256 seats and then wait)
+        running = engine.scheduler.num_running
+        full = engine.scheduler.num_waiting == 0 or running == scheduler_config.max_num_seqs
+        if full and engine.stats().generation_tokens - before == running:
             break
     prefill_s = time.perf_counter() - start
     print(f"{num_prefill_steps} steps to reach all-decode in {prefill_s:.1f} s; stats {engine.stats()}")
@@ -102,8 +106,11 @@ def main() -> None:
         per_cat[_category(evt.key)] += evt.self_cpu_time_total / 1e3 / args.steps
     wall_ms = sum(walls) / len(walls) * 1e3
     ops_ms = sum(per_cat.values())
+    # the running sequences' context, where every request runs (with requests waiting, their
+    # prompts are not in it and this count would include them)
     ctx = sum(len(r.prompt_token_ids) for r in requests) + engine.stats().generation_tokens
-    print(f"workload {args.workload}: batch {engine.scheduler.num_running}, context tokens {ctx}, "
+    context = str(ctx) if engine.scheduler.num_waiting == 0 else f"n/a ({engine.scheduler.num_waiting} requests waiting)"
+    print(f"workload {args.workload}: batch {engine.scheduler.num_running}, context tokens {context}, "
           f"threads {torch.get_num_threads()}, step wall {wall_ms:.1f} ms")
     for cat in ("gemm", "attention", "kv_write", "norm_rope", "silu_mul", "sampler", "other_ops"):
         print(f"  {cat:<10}{per_cat[cat]:>9.1f} ms  {per_cat[cat] / wall_ms:6.1%}")
