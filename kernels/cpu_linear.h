@@ -28,8 +28,9 @@
 // products are the same FMA chains, and silu(g) * u the same arithmetic lane for lane as
 // silu_and_mul in cpu_small_ops.h: the fused result equals the two ops' bit for bit.
 //
-// Threads: torch's intra-op pool, over panels; blocks of kRowBlock rows one after the other, so
-// a prefill chunk's x block stays in L2 while the weights stream past it.
+// Threads: torch's intra-op pool, over panels; passes of kRowBlock rows one after the other, so
+// a prefill chunk's x block stays in L2 while the weights stream past it, and k in slices of
+// kKBlock where K is longer (Llama-3.2-1B's down projection, K = 8,192).
 #pragma once
 
 #include <ATen/Parallel.h>
@@ -39,6 +40,7 @@
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
+#include <vector>
 
 namespace tile16 {
 
@@ -62,15 +64,19 @@ constexpr int64_t kGatedHalf = 16 * kGatedVectors;
 // Rows per pass over the weights: x's block at K = 1536 is 1.5 MB; the measured prefill rate at
 // 2048 rows did not improve below 256.
 constexpr int64_t kRowBlock = 256;
+// k per slice of a panel: 2,048 k of 48 columns is 384 KB, of the gated kernel's 64 columns 512 KB,
+// within a 1 MB L2; Llama-3.2-1B's down projection (K = 8,192: 1.5 MB panels) ran at 0.91x oneDNN's
+// rate at 256 rows in whole-K passes.
+constexpr int64_t kKBlock = 2048;
 
-// acc[r][v] = sum over k of x[r, k] * w[k, 16 v .. 16 v + 15] for R rows of x (row stride lda)
-// and a panel w of V vectors' width, asking for `prefetch_lines` cache lines from `prefetch` on
-// the way (spread over the k steps).
+// acc[r][v] = from[r][v] (or 0 where from is null) + the sum over k < K of x[r, k] * w[k, 16 v ..
+// 16 v + 15] for R rows of x (row stride lda) and a panel slice w of V vectors' width, asking for
+// `prefetch_lines` cache lines from `prefetch` on the way (spread over the k steps).
 template <int R, int V>
 inline void accumulate(const float* __restrict x, int64_t lda, const float* __restrict w, int64_t K,
-                       const char* prefetch, int64_t prefetch_lines, __m512 (&acc)[R][V]) {
+                       const char* prefetch, int64_t prefetch_lines, __m512 (&acc)[R][V], const float* from) {
   for (int r = 0; r < R; ++r)
-    for (int v = 0; v < V; ++v) acc[r][v] = _mm512_setzero_ps();
+    for (int v = 0; v < V; ++v) acc[r][v] = from ? _mm512_loadu_ps(from + (r * V + v) * 16) : _mm512_setzero_ps();
   const int64_t lines_per_k = (prefetch_lines + K - 1) / K;
   for (int64_t k = 0; k < K; ++k) {
     for (int64_t j = 0, line = k * lines_per_k; j < lines_per_k && line < prefetch_lines; ++j, ++line) {
@@ -85,6 +91,13 @@ inline void accumulate(const float* __restrict x, int64_t lda, const float* __re
   }
 }
 
+// The sums of R rows kept between two slices of k (exact: float32 stored and read back).
+template <int R, int V>
+inline void keep(const __m512 (&acc)[R][V], float* part) {
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < V; ++v) _mm512_storeu_ps(part + (r * V + v) * 16, acc[r][v]);
+}
+
 // The `n` (1 .. 16) first lanes of y to out; a whole vector where n is 16.
 inline void store_lanes(float* out, __m512 y, int64_t n) {
   if (n == 16) {
@@ -96,13 +109,21 @@ inline void store_lanes(float* out, __m512 y, int64_t n) {
   std::memcpy(out, tail, sizeof(float) * n);
 }
 
-// Rows [0, R) times one linear panel into out (row stride ldc, `cols` valid columns), plus the
-// bias's `cols` values where there is one.
+// Rows [0, R) times one slice of k (kn of them) of a linear panel: on the last slice into out
+// (row stride ldc, `cols` valid columns) plus the bias's `cols` values where there is one, on the
+// others into `part`; the sums start from `part` except on the first slice. Out of line on
+// purpose: inlined into over_panels, GCC kept the accumulators in memory through the k loop
+// (170 GFLOP/s against 470 at 64 rows).
 template <int R>
-inline void linear_rows(const float* x, int64_t K, const float* w, const float* bias, float* out, int64_t ldc,
-                        int64_t cols, const char* prefetch, int64_t prefetch_lines) {
+__attribute__((noinline)) void linear_rows(const float* x, int64_t lda, int64_t kn, const float* w, const float* bias,
+                                           float* out, int64_t ldc, int64_t cols, const char* prefetch,
+                                           int64_t prefetch_lines, float* part, bool first, bool last) {
   __m512 acc[R][kLinearVectors];
-  accumulate<R, kLinearVectors>(x, K, w, K, prefetch, prefetch_lines, acc);
+  accumulate<R, kLinearVectors>(x, lda, w, kn, prefetch, prefetch_lines, acc, first ? nullptr : part);
+  if (!last) {
+    keep<R, kLinearVectors>(acc, part);
+    return;
+  }
   for (int v = 0; v < kLinearVectors && 16 * v < cols; ++v) {
     const int64_t c0 = 16 * v, n = std::min<int64_t>(16, cols - c0);
     float add[16] = {};
@@ -124,12 +145,19 @@ inline __m512 silu_mul(__m512 g, __m512 u) {
   return _mm512_mul_ps(_mm512_mul_ps(g, sig), u);
 }
 
-// Rows [0, R) times one gated panel: silu of the gate half times the up half, `cols` valid columns.
+// Rows [0, R) times one slice of a gated panel: on the last slice silu of the gate half times the
+// up half, `cols` valid columns; as linear_rows otherwise.
 template <int R>
-inline void gated_rows(const float* x, int64_t K, const float* w, const float* /*bias*/, float* out, int64_t ldc,
-                       int64_t cols, const char* prefetch, int64_t prefetch_lines) {
+__attribute__((noinline)) void gated_rows(const float* x, int64_t lda, int64_t kn, const float* w,
+                                          const float* /*bias*/, float* out, int64_t ldc, int64_t cols,
+                                          const char* prefetch, int64_t prefetch_lines, float* part, bool first,
+                                          bool last) {
   __m512 acc[R][2 * kGatedVectors];
-  accumulate<R, 2 * kGatedVectors>(x, K, w, K, prefetch, prefetch_lines, acc);
+  accumulate<R, 2 * kGatedVectors>(x, lda, w, kn, prefetch, prefetch_lines, acc, first ? nullptr : part);
+  if (!last) {
+    keep<R, 2 * kGatedVectors>(acc, part);
+    return;
+  }
   for (int v = 0; v < kGatedVectors && 16 * v < cols; ++v) {
     const int64_t c0 = 16 * v, n = std::min<int64_t>(16, cols - c0);
     for (int r = 0; r < R; ++r) store_lanes(out + r * ldc + c0, silu_mul(acc[r][v], acc[r][kGatedVectors + v]), n);
@@ -149,9 +177,12 @@ inline void with_rows(int64_t n, F&& f) {
 }
 
 // out [M, out_cols] from x [M, K] and a packed weight [P, K, 16 * kVectors] whose panel p makes
-// output columns p * kOutCols .. (at most kOutCols of them): blocks of kRowBlock rows, each over
-// all panels on torch's threads; on each panel, blocks of kRows rows through Rows<n>, block i
-// prefetching the i-th share of the thread's next panel.
+// output columns p * kOutCols .. (at most kOutCols of them): passes of kRowBlock rows, each over
+// all panels on torch's threads. On a panel, k runs in slices of kKBlock (so that a slice of a
+// long-K panel stays in L2 while every block of rows passes over it), each slice in blocks of
+// kRows rows through Rows<n>; a block's sums wait in `partial` between slices (exact float32, so
+// every output is still one FMA chain in k order). Step j of a panel's slices x blocks asks for
+// the j-th share of the thread's next panel.
 template <int kVectors, int kRows, int64_t kOutCols, template <int> class Rows>
 inline void over_panels(const float* x, int64_t M, int64_t K, const float* w, int64_t P, const float* bias, float* out,
                         int64_t out_cols) {
@@ -160,19 +191,27 @@ inline void over_panels(const float* x, int64_t M, int64_t K, const float* w, in
   for (int64_t m0 = 0; m0 < M; m0 += kRowBlock) {
     const int64_t m = std::min(kRowBlock, M - m0);
     const int64_t blocks = (m + kRows - 1) / kRows;
+    const int64_t slices = (K + kKBlock - 1) / kKBlock, steps = slices * blocks;
     at::parallel_for(0, P, 1, [&](int64_t begin, int64_t end) {
+      std::vector<float> partial(slices > 1 ? m * 16 * kVectors : 0);  // the rows' sums between slices
       for (int64_t p = begin; p < end; ++p) {
         const int64_t c0 = p * kOutCols;
         const int64_t cols = std::min<int64_t>(kOutCols, out_cols - c0);
         const char* next = p + 1 < end ? reinterpret_cast<const char*>(w + (p + 1) * panel_floats) : nullptr;
-        for (int64_t i = 0; i < blocks; ++i) {
-          const int64_t r0 = m0 + i * kRows;
-          const char* pf = next ? next + (lines * i / blocks) * 64 : nullptr;
-          const int64_t pf_lines = next ? lines * (i + 1) / blocks - lines * i / blocks : 0;
-          with_rows<kRows>(std::min<int64_t>(kRows, M - r0), [&](auto rows) {
-            Rows<decltype(rows)::value>::run(x + r0 * K, K, w + p * panel_floats, bias ? bias + c0 : nullptr,
-                                             out + r0 * out_cols + c0, out_cols, cols, pf, pf_lines);
-          });
+        for (int64_t s = 0, step = 0; s < slices; ++s) {
+          const int64_t k0 = s * kKBlock, kn = std::min(kKBlock, K - k0);
+          for (int64_t i = 0; i < blocks; ++i, ++step) {
+            const int64_t r0 = m0 + i * kRows;
+            const char* pf = next ? next + (lines * step / steps) * 64 : nullptr;
+            const int64_t pf_lines = next ? lines * (step + 1) / steps - lines * step / steps : 0;
+            float* part = partial.data() + i * kRows * 16 * kVectors;
+            // this pass's rows only (not past m: `partial` holds m rows)
+            with_rows<kRows>(std::min<int64_t>(kRows, m - i * kRows), [&](auto rows) {
+              Rows<decltype(rows)::value>::run(x + r0 * K + k0, K, kn, w + p * panel_floats + k0 * 16 * kVectors,
+                                               bias ? bias + c0 : nullptr, out + r0 * out_cols + c0, out_cols, cols,
+                                               pf, pf_lines, part, s == 0, s + 1 == slices);
+            });
+          }
         }
       }
     });
@@ -181,17 +220,17 @@ inline void over_panels(const float* x, int64_t M, int64_t K, const float* w, in
 
 template <int R>
 struct LinearRows {
-  static void run(const float* x, int64_t K, const float* w, const float* bias, float* out, int64_t ldc, int64_t cols,
-                  const char* pf, int64_t pf_lines) {
-    linear_rows<R>(x, K, w, bias, out, ldc, cols, pf, pf_lines);
+  static void run(const float* x, int64_t lda, int64_t kn, const float* w, const float* bias, float* out, int64_t ldc,
+                  int64_t cols, const char* pf, int64_t pf_lines, float* part, bool first, bool last) {
+    linear_rows<R>(x, lda, kn, w, bias, out, ldc, cols, pf, pf_lines, part, first, last);
   }
 };
 
 template <int R>
 struct GatedRows {
-  static void run(const float* x, int64_t K, const float* w, const float* bias, float* out, int64_t ldc, int64_t cols,
-                  const char* pf, int64_t pf_lines) {
-    gated_rows<R>(x, K, w, bias, out, ldc, cols, pf, pf_lines);
+  static void run(const float* x, int64_t lda, int64_t kn, const float* w, const float* bias, float* out, int64_t ldc,
+                  int64_t cols, const char* pf, int64_t pf_lines, float* part, bool first, bool last) {
+    gated_rows<R>(x, lda, kn, w, bias, out, ldc, cols, pf, pf_lines, part, first, last);
   }
 };
 

@@ -185,7 +185,7 @@ def test_packed_linear_builds_give_the_same_bits(with_bias: bool) -> None:
     halves, avx512 = _halves_and_avx512()
     assert (halves.linear_panel_widths(), avx512.linear_panel_widths()) == ((16, 16), (48, 32))
     gen = torch.Generator().manual_seed(3)
-    for out_features, in_features, rows in [(100, 40, 13), (48, 7, 1), (17, 576, 9)]:
+    for out_features, in_features, rows in [(100, 40, 13), (48, 7, 1), (17, 576, 9), (20, 4500, 3)]:
         weight = torch.randn(out_features, in_features, generator=gen)
         bias = torch.randn(out_features, generator=gen) if with_bias else None
         x = torch.randn(rows, in_features, generator=gen)
@@ -203,7 +203,7 @@ def test_gated_silu_builds_give_the_same_bits(monkeypatch: pytest.MonkeyPatch) -
 
     halves, avx512 = _halves_and_avx512()
     gen = torch.Generator().manual_seed(4)
-    for intermediate, in_features, rows in [(40, 24, 7), (64, 576, 5), (8, 3, 1)]:
+    for intermediate, in_features, rows in [(40, 24, 7), (64, 576, 5), (8, 3, 1), (16, 4500, 2)]:
         weight = torch.randn(2 * intermediate, in_features, generator=gen)
         x = torch.randn(rows, in_features, generator=gen)
         results = []

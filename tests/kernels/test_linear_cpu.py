@@ -121,8 +121,9 @@ def _abs_sum_error(out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bia
 @needs_panels
 @pytest.mark.parametrize(
     ("out_features", "in_features"),
-    # whole panels, a last panel of 1, 2 and 47 columns, a single column; in_features 1, odd, the model's
-    [(96, 40), (49, 7), (50, 1), (1, 3), (95, 17), (960, 576), (576, 1536)],
+    # whole panels, a last panel of 1, 2 and 47 columns, a single column; in_features 1, odd, the
+    # model's, and past one slice of k (2,048: 2,049, and 4,500 in three slices)
+    [(96, 40), (49, 7), (50, 1), (1, 3), (95, 17), (960, 576), (576, 1536), (50, 2049), (97, 4500)],
 )
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_batchgen_packed_linear_matches_the_exact_product(out_features: int, in_features: int, with_bias: bool) -> None:
@@ -146,12 +147,13 @@ def test_batchgen_packed_linear_is_batch_invariant_bit_for_bit() -> None:
     # Each output is one FMA chain in k order whatever the rows around it: a row's result alone, in
     # a register block's remainder, in a full block and past a 256-row pass are the same bits.
     gen = torch.Generator().manual_seed(7)
-    weight, bias = torch.randn(150, 576, generator=gen), torch.randn(150, generator=gen)
-    x = torch.randn(300, 576, generator=gen)
-    packed = pack_linear_weight(weight, "batchgen")
-    full = linear(x, packed, bias)
-    for lo, hi in [(0, 1), (3, 4), (299, 300), (5, 12), (250, 300), (0, 64), (17, 273)]:
-        assert torch.equal(linear(x[lo:hi], packed, bias), full[lo:hi]), (lo, hi)
+    for in_features in (576, 5000):  # one slice of k, and three (the sums kept between them)
+        weight, bias = torch.randn(150, in_features, generator=gen), torch.randn(150, generator=gen)
+        x = torch.randn(300, in_features, generator=gen)
+        packed = pack_linear_weight(weight, "batchgen")
+        full = linear(x, packed, bias)
+        for lo, hi in [(0, 1), (3, 4), (299, 300), (5, 12), (250, 300), (0, 64), (17, 273)]:
+            assert torch.equal(linear(x[lo:hi], packed, bias), full[lo:hi]), (in_features, lo, hi)
 
 
 @needs_panels
@@ -170,7 +172,9 @@ def test_batchgen_packed_linear_takes_strided_input_and_refuses_bad_shapes() -> 
 
 
 @needs_panels
-@pytest.mark.parametrize(("intermediate", "in_features"), [(1536, 576), (56, 7), (40, 16), (8, 3), (96, 1)])
+@pytest.mark.parametrize(
+    ("intermediate", "in_features"), [(1536, 576), (56, 7), (40, 16), (8, 3), (96, 1), (40, 4500)]
+)
 def test_silu_gate_up_is_silu_and_mul_of_the_product_bit_for_bit(intermediate: int, in_features: int) -> None:
     # The fused op's products are packed_linear's FMA chains and its activation silu_and_mul's
     # arithmetic lane for lane (whole 8-float groups: silu_and_mul's scalar tail is libm's exp).
