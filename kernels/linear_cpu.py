@@ -111,7 +111,6 @@ def packing_libraries() -> tuple[str, ...]:
     return tuple(found)
 
 
-@functools.cache
 def batchgen_linear_panel() -> int:
     """The panel width of batchgen's packed linear kernel in this machine's build of the CPU
     extension (48 with AVX-512, 16 with AVX2 only), or 0 where there is none (no compiler, a CPU
@@ -179,8 +178,7 @@ def pack_linear_weight(
         if not bf16_linear_supported():
             raise RuntimeError("bfloat16 linear layers need oneDNN with bfloat16 support (a CPU with AVX-512)")
         packed = torch.ops.mkldnn._reorder_linear_weight(weight.contiguous().to(torch.bfloat16), _PACK_ROWS)
-        shape = torch.empty(1, 1, dtype=torch.float32).expand(weight.shape)
-        return PackedLinear(packed=packed, shape=shape, library="onednn", compute_dtype=torch.bfloat16)
+        return PackedLinear(packed=packed, shape=_shape_of(weight), library="onednn", compute_dtype=torch.bfloat16)
     if compute_dtype != torch.float32:
         raise ValueError(f"pack_linear_weight computes in float32 or bfloat16, not {compute_dtype}")
     library = library or packed_linear_library()
@@ -193,8 +191,7 @@ def pack_linear_weight(
         packed = torch.ops.mkl._mkl_reorder_linear_weight(w, _PACK_ROWS)
     else:
         packed = torch.ops.mkldnn._reorder_linear_weight(w, _PACK_ROWS)
-    shape = torch.empty(1, 1, dtype=torch.float32).expand(weight.shape)
-    return PackedLinear(packed=packed, shape=shape, library=library)
+    return PackedLinear(packed=packed, shape=_shape_of(weight), library=library)
 
 
 def _pack_panels(weight: torch.Tensor, panel: int | None = None) -> PackedLinear:
@@ -204,13 +201,22 @@ def _pack_panels(weight: torch.Tensor, panel: int | None = None) -> PackedLinear
     panel = panel or batchgen_linear_panel()
     if not panel:
         raise RuntimeError("batchgen's packed linear kernel needs the compiled CPU extension on a CPU with AVX2")
-    out_features, in_features = weight.shape
-    panels = -(-out_features // panel)
-    padded = weight.new_zeros(panels * panel, in_features)
-    padded[:out_features] = weight
-    packed = padded.view(panels, panel, in_features).transpose(1, 2).contiguous()
-    shape = torch.empty(1, 1, dtype=torch.float32).expand(weight.shape)
-    return PackedLinear(packed=packed, shape=shape, library="batchgen")
+    packed = _in_panels(weight, panel).transpose(1, 2).contiguous()
+    return PackedLinear(packed=packed, shape=_shape_of(weight), library="batchgen")
+
+
+def _in_panels(rows: torch.Tensor, panel: int) -> torch.Tensor:
+    """[n, in] zero-padded to whole panels and viewed as [P, panel, in]."""
+    n, in_features = rows.shape
+    panels = -(-n // panel)
+    padded = rows.new_zeros(panels * panel, in_features)
+    padded[:n] = rows
+    return padded.view(panels, panel, in_features)
+
+
+def _shape_of(weight: torch.Tensor) -> torch.Tensor:
+    """A zero-stride float32 stand-in of weight's [out, in] shape (what `_mkl_linear` reads)."""
+    return torch.empty(1, 1, dtype=torch.float32).expand(weight.shape)
 
 
 def pack_silu_gate_up(weight: torch.Tensor) -> PackedLinear:
@@ -222,16 +228,9 @@ def pack_silu_gate_up(weight: torch.Tensor) -> PackedLinear:
     half = _gated_panel_half()
     if not half:
         raise RuntimeError("batchgen's gated linear kernel needs the compiled CPU extension on a CPU with AVX2")
-    n, in_features = weight.shape[0] // 2, weight.shape[1]
-    panels = -(-n // half)
-    halves = []
-    for part in (weight[:n], weight[n:]):
-        padded = weight.new_zeros(panels * half, in_features)
-        padded[:n] = part
-        halves.append(padded.view(panels, half, in_features))
-    packed = torch.cat(halves, dim=1).transpose(1, 2).contiguous()  # [P, in, gate half | up half]
-    shape = torch.empty(1, 1, dtype=torch.float32).expand(weight.shape)
-    return PackedLinear(packed=packed, shape=shape, library="batchgen", gated=True)
+    gate, up = weight.chunk(2)
+    packed = torch.cat([_in_panels(gate, half), _in_panels(up, half)], dim=1).transpose(1, 2).contiguous()
+    return PackedLinear(packed=packed, shape=_shape_of(weight), library="batchgen", gated=True)  # [P, in, gate | up]
 
 
 def _gated_panel_half() -> int:
