@@ -24,6 +24,7 @@ from .dispatch import (
     silu_and_mul,
     write_kv,
 )
+from .greedy_cpu import GreedyHead, greedy_head_supported, greedy_tokens, pack_greedy_head
 from .linear_cpu import (
     PackedLinear,
     bf16_linear_supported,
@@ -40,15 +41,19 @@ from .token_bitmask import unpack_bitmask
 __all__ = [
     "AttentionMetadata",
     "Backend",
+    "GreedyHead",
     "PackedLinear",
     "RmsNormOutput",
     "apply_token_bitmask",
     "argmax",
     "bf16_linear_supported",
+    "greedy_head_supported",
+    "greedy_tokens",
     "is_kv_cache_lazy",
     "keep_freed_memory",
     "linear",
     "new_kv_cache",
+    "pack_greedy_head",
     "pack_linear_weight",
     "pack_silu_gate_up",
     "packed_linear_library",

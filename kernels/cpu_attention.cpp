@@ -714,6 +714,8 @@ torch::Tensor paged_attention(torch::Tensor query, torch::Tensor k_cache, torch:
 #if defined(BATCHGEN_TILE16)
 // Linear layers over column-packed weights (on the tile path's CPUs: AVX-512, or AVX2 halves).
 #include "cpu_linear.h"
+// Greedy tokens from bfloat16 estimates of the LM head's logits and a few float32 ones.
+#include "cpu_greedy.h"
 #endif
 
 // What kernels/linear_cpu.py packs for: the linear kernel's panel width and the gated kernel's
@@ -744,6 +746,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("x"), py::arg("packed"), py::arg("intermediate"));
   m.def("packed_linear", &packed_linear, "x W^T + b over a column-packed weight (float32, CPU)", py::arg("x"),
         py::arg("packed"), py::arg("out_features"), py::arg("bias") = py::none());
+  m.def("greedy_screen", &greedy_screen,
+        "each row's greedy token from bfloat16 logit estimates and float32 logits of the candidates (-1: undecided)",
+        py::arg("estimates"), py::arg("x"), py::arg("packed"), py::arg("norms"), py::arg("coef"),
+        py::arg("max_candidates"));
 #endif
   m.def("apply_token_bitmask", &apply_token_bitmask, "grammar bitmasks applied to logits rows in place (float32, CPU)");
 }

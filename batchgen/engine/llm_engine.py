@@ -28,7 +28,7 @@ from batchgen.engine.kv_sizing import profile_cuda_kv_blocks
 from batchgen.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from batchgen.engine.prompt_logprobs import prompt_logprob_entries
 from batchgen.engine.request_checks import check_request
-from batchgen.engine.runner import ModelRunner, StepLogits, StepRunner
+from batchgen.engine.runner import ModelRunner, StepLogits, StepRunner, StepTokens
 from batchgen.engine.sampler import Sampler, SampleRequest
 from batchgen.engine.sampling_params import SamplingParams
 from batchgen.engine.scheduler import Scheduler
@@ -88,6 +88,13 @@ def default_cpu_kv_bytes() -> int:
     return max(_CPU_KV_MIN_BYTES, min(_CPU_KV_CAP_BYTES, int(free * _CPU_KV_SHARE_OF_FREE)))
 
 
+def _needs_logits(params: SamplingParams, score_from: int | None) -> bool:
+    """Whether a request's tokens need more of the logits than their argmax: anything but plain
+    greedy decoding (sampling, a logits processor or a grammar, log-probabilities, prompt
+    log-probabilities or scores)."""
+    return not params.is_greedy or params.has_logits_processors or params.logprobs is not None or score_from is not None
+
+
 @dataclass(frozen=True, slots=True)
 class EngineStats:
     """Counters since the engine started (tokens unless named otherwise)."""
@@ -119,6 +126,8 @@ class _Request:
     bad_words_token_ids: tuple[tuple[int, ...], ...] = ()
     # One entry per prompt token when prompt logprobs are asked (filled as the prompt computes).
     prompt_logprobs: list[dict[int, float] | None] | None = None
+    # Its tokens need more of the logits than their argmax (see `_needs_logits`).
+    needs_logits: bool = True
 
 
 def resolve_device(name: str | None) -> torch.device:
@@ -230,6 +239,9 @@ class LLMEngine:
         self._requests: dict[int, _Request] = {}
         self._seq_to_request: dict[int, _Request] = {}
         self._num_detokenized = 0  # requests with stop strings (their samples are detokenized)
+        # Requests whose tokens need more of the logits than their argmax: while there are none,
+        # a step asks its runner for greedy tokens only (`ModelRunner.execute_greedy`).
+        self._num_needing_logits = 0
         self._decode_text = decode_text
         # Each sequence's list of token times: sample 0's is its request's latency record, the
         # other samples share one scratch list, emptied every step (see `step`).
@@ -349,9 +361,11 @@ class LLMEngine:
             arrival_time=self.clock() if arrival_time is None else arrival_time,
             bad_words_token_ids=setup.bad_words_token_ids,
             prompt_logprobs=None if score_from is None else [None] * len(prompt_token_ids),
+            needs_logits=_needs_logits(params, score_from),
         )
         self._requests[request_id] = request
         self._num_detokenized += bool(stop)
+        self._num_needing_logits += request.needs_logits
         for seq in seqs:
             self._seq_to_request[seq.seq_id] = request
             self._token_times_of[seq.seq_id] = request.token_times if seq.sample_index == 0 else self._scratch_times
@@ -494,6 +508,8 @@ class LLMEngine:
         pending: PendingMask | None = (
             self.structured.start_masks(grammar_targets, overlap=self._mask_overlaps()) if grammar_targets else None
         )
+        if self._num_needing_logits == 0 and isinstance(self._runner, ModelRunner):
+            return self._greedy_result(self._runner.execute_greedy(plan), plan)
         step_logits = self._runner.execute(plan)
         if isinstance(step_logits, StepResult):
             if pending is not None:
@@ -545,6 +561,16 @@ class LLMEngine:
             logprobs={seq_id: tuple(lps) for seq_id, lps in logprobs.items()},
             completed=frozenset(completed),
         )
+
+    def _greedy_result(self, step: StepTokens, plan: StepPlan) -> StepResult:
+        """The step's result from its greedy tokens: each sample of a sampling chunk takes its
+        row's token (at an n-sample fork every sample draws from the parent's row)."""
+        num_samples = {c.seq_id: c.num_samples for c in plan.chunks}
+        sampled = {
+            seq_id: (token,) * (len(self._seq_to_request[seq_id].seqs) if num_samples[seq_id] > 1 else 1)
+            for seq_id, token in zip(step.seq_ids, step.tokens, strict=True)
+        }
+        return StepResult(sampled=sampled, logprobs={}, completed=frozenset())
 
     def _collect_prompt_logprobs(self, step_logits: StepLogits) -> None:
         """Log-probabilities of the prompt tokens whose logits this step computed (position p's
@@ -600,6 +626,7 @@ class LLMEngine:
             del self._token_times_of[seq.seq_id]
         del self._requests[request.request_id]
         self._num_detokenized -= request.detokenizers[0] is not None
+        self._num_needing_logits -= request.needs_logits
         first_scheduled = request.first_scheduled_time
         return RequestOutput(
             request_id=request.request_id,

@@ -2,7 +2,8 @@
 
 Turns a StepPlan into tensors (through the pure `build_step_arrays`), applies pending KV block
 copies, runs one forward pass over the flat batch and returns the logits of the tokens that
-sample. It never sees a live Sequence.
+sample (`execute`), or their greedy tokens where the engine needs nothing else of those logits
+(`execute_greedy`). It never sees a live Sequence.
 
 `StepRunner` is what the engine calls on a runner: `ModelRunner` is the default; another
 runner may be injected (`LLMEngine(runner=...)`), e.g. the simulator's, which returns the
@@ -16,12 +17,12 @@ from typing import Protocol
 
 import torch
 
-from batchgen.engine.step_arrays import PromptLogitsSpan, build_step_arrays
+from batchgen.engine.step_arrays import PromptLogitsSpan, StepArrays, build_step_arrays
 from batchgen.engine.step_plan import StepPlan, StepResult
 from batchgen.kernels import AttentionMetadata, new_kv_cache
 from batchgen.models.llama import LlamaModel
 
-__all__ = ["ModelRunner", "StepLogits", "StepRunner"]
+__all__ = ["ModelRunner", "StepLogits", "StepRunner", "StepTokens"]
 
 
 class StepLogits:
@@ -41,6 +42,21 @@ class StepLogits:
         self.seq_ids = seq_ids
         self.prompt_logits = prompt_logits
         self.prompt_spans = tuple(prompt_spans)
+
+
+class StepTokens:
+    """The greedy token of each sampling chunk (`ModelRunner.execute_greedy`), by seq_id order."""
+
+    __slots__ = ("seq_ids", "tokens")
+
+    def __init__(self, tokens: list[int], seq_ids: list[int]) -> None:
+        self.tokens = tokens
+        self.seq_ids = seq_ids
+
+
+_ForwardInputs = tuple[
+    torch.Tensor, torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]], AttentionMetadata, torch.Tensor
+]
 
 
 class StepRunner(Protocol):
@@ -95,6 +111,29 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, plan: StepPlan) -> StepLogits:
         """Run the plan's tokens; mutates the KV pool. Returns logits of sampling chunks."""
+        arrays, inputs = self._inputs(plan)
+        num_sampling = len(arrays.logits_indices)
+        logits = self.model.forward(*inputs)
+        if not arrays.prompt_logits_spans:
+            return StepLogits(logits, arrays.sampling_seq_ids)
+        return StepLogits(
+            logits[:num_sampling], arrays.sampling_seq_ids, logits[num_sampling:], arrays.prompt_logits_spans
+        )
+
+    @torch.inference_mode()
+    def execute_greedy(self, plan: StepPlan) -> StepTokens:
+        """`execute` for a plan whose sampling chunks all take the argmax of their raw logits
+        (and that asks for no prompt log-probabilities): those tokens, one per sampling chunk,
+        from the model's `greedy_tokens` (the same tokens, without most of the LM head's work
+        where the model screens it)."""
+        arrays, inputs = self._inputs(plan)
+        if arrays.prompt_logits_spans:
+            raise ValueError("execute_greedy computes no prompt logits: this plan asks for some")
+        tokens = self.model.greedy_tokens(*inputs)
+        return StepTokens([int(t) for t in tokens.tolist()], arrays.sampling_seq_ids)
+
+    def _inputs(self, plan: StepPlan) -> tuple[StepArrays, _ForwardInputs]:
+        """Applies the plan's block copies; the step's arrays and the forward pass's arguments."""
         self.copy_blocks([(c.src, c.dst) for c in plan.block_copies])
         arrays = build_step_arrays(plan.chunks, self.block_size)
         dev = self.device
@@ -112,16 +151,11 @@ class ModelRunner:
             max_query_len=max(arrays.query_lens),
             max_seq_len=max(arrays.seq_lens),
         )
-        num_sampling = len(arrays.logits_indices)
-        logits = self.model.forward(
+        inputs = (
             ints(arrays.input_ids, torch.int64),
             ints(arrays.positions, torch.int64),
             self.kv_caches,
             meta,
             ints(arrays.logits_indices + arrays.prompt_logits_indices, torch.int64),
         )
-        if not arrays.prompt_logits_spans:
-            return StepLogits(logits, arrays.sampling_seq_ids)
-        return StepLogits(
-            logits[:num_sampling], arrays.sampling_seq_ids, logits[num_sampling:], arrays.prompt_logits_spans
-        )
+        return arrays, inputs

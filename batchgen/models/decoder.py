@@ -25,9 +25,14 @@ import torch
 from batchgen.kernels import (
     AttentionMetadata,
     Backend,
+    GreedyHead,
+    argmax,
     bf16_linear_supported,
+    greedy_head_supported,
+    greedy_tokens,
     keep_freed_memory,
     linear,
+    pack_greedy_head,
     pack_linear_weight,
     packed_linear_library,
     prepare_backend,
@@ -76,13 +81,16 @@ class DecoderModel:
         max_model_len: int,
         attention_backend: Backend | None = None,
         linear_dtype: torch.dtype | None = None,
+        greedy_screen: bool = True,
     ) -> None:
         """Builds the model of `config.architecture` from Hugging Face-named `weights`.
         `linear_dtype` bfloat16 runs the packed linear layers' products in bfloat16 (a float32
         CPU model on a compiled backend only; see kernels/linear_cpu.py). Raises KeyError for a
         missing tensor, ValueError for an architecture without a family or a `linear_dtype` this
         model cannot take, and RuntimeError for an explicit "cpu" backend whose kernel cannot be
-        built or a CPU without bfloat16 linear layers."""
+        built or a CPU without bfloat16 linear layers. `greedy_screen`: where the LM head runs on
+        batchgen's float32 kernel, keep a bfloat16 copy of it for `greedy_tokens` (see
+        kernels/greedy_cpu.py; the tokens are the float32 head's either way)."""
         self.config = config
         self.device = device
         self.dtype = dtype
@@ -97,6 +105,8 @@ class DecoderModel:
         self.norm = parts.final_norm
         self.final_logit_softcap = parts.final_logit_softcap
         self.lm_head: Weight = self.embed if parts.lm_head is None else parts.lm_head
+        # The LM head's bfloat16 screen for greedy steps (`greedy_tokens`), where it applies.
+        self._greedy_head: GreedyHead | None = None
         prepare_backend(self._backend, device)  # the CPU kernel's build, here, not in a first step
         if device.type == "cpu":
             keep_freed_memory()  # each layer's large activations reuse freed heap, not fresh pages
@@ -111,9 +121,10 @@ class DecoderModel:
         if self.packed_linear:
             for layer in self.layers:
                 layer.pack(self.linear_dtype)
-            self.lm_head = pack_linear_weight(
-                self.embed if parts.lm_head is None else parts.lm_head, compute_dtype=self.linear_dtype
-            )
+            head_weight = self.embed if parts.lm_head is None else parts.lm_head
+            self.lm_head = pack_linear_weight(head_weight, compute_dtype=self.linear_dtype)
+            if greedy_screen and self.final_logit_softcap is None and greedy_head_supported(self.lm_head):
+                self._greedy_head = pack_greedy_head(self.lm_head, head_weight)
         elif device.type == "cpu" and self._backend != "torch":
             notes.append(_unpacked_note(dtype))
         self.fast_path_notes = tuple(notes)
@@ -157,6 +168,11 @@ class DecoderModel:
         c = self.config
         return 2 * c.num_layers * c.num_kv_heads * c.head_dim * self.embed.element_size()
 
+    @property
+    def has_greedy_head(self) -> bool:
+        """Whether `greedy_tokens` skips most of the float32 LM head (else it computes the logits)."""
+        return self._greedy_head is not None
+
     @torch.inference_mode()
     def forward(
         self,
@@ -170,6 +186,42 @@ class DecoderModel:
 
         Writes each layer's new K/V into kv_caches at meta.slot_mapping.
         """
+        return self._logits(self._final_hidden(input_ids, positions, kv_caches, meta, logits_indices))
+
+    @torch.inference_mode()
+    def greedy_tokens(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        meta: AttentionMetadata,
+        logits_indices: torch.Tensor,
+    ) -> torch.Tensor:
+        """`argmax(forward(...), dim=-1)` (int64 [len(logits_indices)]): the greedy tokens of the
+        selected positions, the same ones, through the bfloat16 screen where the model has it."""
+        last = self._final_hidden(input_ids, positions, kv_caches, meta, logits_indices)
+        tokens: torch.Tensor = (
+            argmax(self._logits(last)) if self._greedy_head is None else greedy_tokens(last, self._greedy_head)
+        )
+        return tokens
+
+    def _logits(self, last: torch.Tensor) -> torch.Tensor:
+        """The LM head's logits (float32), soft-capped where the model caps them."""
+        logits: torch.Tensor = linear(last, self.lm_head).float()
+        cap = self.final_logit_softcap
+        if cap is not None:
+            logits = torch.tanh(logits / cap) * cap
+        return logits
+
+    def _final_hidden(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        meta: AttentionMetadata,
+        logits_indices: torch.Tensor,
+    ) -> torch.Tensor:
+        """The final norm's output at the selected tokens, what the LM head takes."""
         backend = self._backend
         step = StepInputs(positions, meta, backend)
         hidden = self.embed.index_select(0, input_ids)
@@ -187,8 +239,5 @@ class DecoderModel:
             residual.index_select(0, logits_indices),
             backend=backend,
         )
-        logits: torch.Tensor = linear(last, self.lm_head).float()
-        cap = self.final_logit_softcap
-        if cap is not None:
-            logits = torch.tanh(logits / cap) * cap
-        return logits
+        out: torch.Tensor = last
+        return out

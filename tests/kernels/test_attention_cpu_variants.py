@@ -214,3 +214,29 @@ def test_gated_silu_builds_give_the_same_bits(monkeypatch: pytest.MonkeyPatch) -
         assert torch.equal(results[0], results[1])
         gate, up = torch.nn.functional.linear(x, weight).chunk(2, dim=-1)
         torch.testing.assert_close(results[0], torch.nn.functional.silu(gate) * up, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.skipif(not _HAS_AVX2, reason="no AVX2: the halves are not built on this CPU")
+def test_greedy_screen_builds_give_the_same_tokens() -> None:
+    """kernels/cpu_greedy.h: the portable loops of the AVX2 build and the AVX-512 (or emulated)
+    build pick the same tokens, each from its own panels: the float32 argmax."""
+    from batchgen.kernels.greedy_cpu import _coef
+    from batchgen.kernels.linear_cpu import _pack_panels
+
+    halves, avx512 = _halves_and_avx512()
+    gen = torch.Generator().manual_seed(5)
+    for vocab, in_features, rows in [(1000, 64, 9), (37, 5, 3), (300, 700, 4)]:
+        base = torch.randn(1, in_features, generator=gen)
+        weight = torch.cat([base + 1e-2 * torch.randn(vocab // 2, in_features, generator=gen),
+                            torch.randn(vocab - vocab // 2, in_features, generator=gen)])
+        x = base + 0.3 * torch.randn(rows, in_features, generator=gen)
+        # bfloat16 estimates rounded from the float64 logits: within the bound as oneDNN's are
+        estimates = (x.double() @ weight.double().T).to(torch.bfloat16)
+        norms = weight.double().norm(dim=1).mul(1 + 1e-6).float()
+        picked = []
+        for module, panel in ((halves, 16), (avx512, 48)):
+            packed = _pack_panels(weight, panel).packed
+            tokens = module.greedy_screen(estimates, x, packed, norms, _coef(in_features), 512)
+            assert torch.equal(tokens, torch.argmax(module.packed_linear(x, packed, vocab, None), dim=-1))
+            picked.append(tokens)
+        assert torch.equal(picked[0], picked[1])

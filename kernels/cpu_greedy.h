@@ -1,0 +1,164 @@
+// Greedy tokens from an LM head without the float32 product over the whole vocabulary.
+//
+// A greedy row needs only the index of its largest logit. The float32 logits come from the packed
+// linear kernel (cpu_linear.h), where each one is a single FMA chain in k order from zero, so any
+// one of them can be recomputed alone, bit for bit. kernels/linear_cpu.py first computes every
+// logit cheaply (bfloat16 operands, oneDNN) and passes that estimate `a` here, with a bound on how
+// far each estimate can be from the float32 logit f:
+//
+//     |a_v - f_v| <= b_v = coef * |x| * |w_v|       (Euclidean norms; coef from the formats)
+//
+// The largest f_v is then among the candidates, the v with a_v + b_v >= max_u (a_u - b_u): for
+// the winner v*, a_v* + b_v* >= f_v* >= f_u >= a_u - b_u for every u. Only the candidates (a few
+// per row with a trained model's logits) are computed in float32, with the kernel's arithmetic,
+// and the largest wins, the lowest index among equals: torch.argmax's answer on the full row.
+//
+// A row comes back as -1 when it cannot be decided this way (a non-finite estimate or norm, or
+// more than max_candidates candidates): the caller computes that row's full logits.
+#pragma once
+
+#include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
+#include <torch/extension.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+namespace greedy {
+
+// The float32 logits of columns v[0 .. n) (n <= 8) of a weight packed as [P, K, panel] for the
+// row x: the packed kernel's FMA chains (from zero, k in order; its k slices keep the running sum
+// in float32), side by side.
+inline void exact_logits(const float* x, const float* packed, int64_t K, int64_t panel, const int64_t* v, int64_t n,
+                         float* out) {
+  const float* w[8];
+  float acc[8];
+  for (int64_t j = 0; j < n; ++j) w[j] = packed + (v[j] / panel) * K * panel + v[j] % panel, acc[j] = 0.f;
+  constexpr int64_t kAhead = 16;  // k steps ahead that a column's line is asked for
+  for (int64_t k = 0; k < K; ++k) {
+    for (int64_t j = 0; j < n; ++j) {
+      if (k + kAhead < K) __builtin_prefetch(w[j] + (k + kAhead) * panel);
+      acc[j] = std::fma(x[k], w[j][k * panel], acc[j]);
+    }
+  }
+  for (int64_t j = 0; j < n; ++j) out[j] = acc[j];
+}
+
+// One row: the token, or -1 (see the top of this file); `est` the row's bfloat16 estimates (their
+// bits), `hi` scratch for each estimate plus its bound (V floats).
+inline int64_t row_token(const uint16_t* est, const float* x, const float* packed, const float* norms,
+                         int64_t V, int64_t K, int64_t panel, double coef, int64_t max_candidates, float* hi,
+                         std::vector<int64_t>& candidates) {
+  double sq = 0.0;
+  for (int64_t k = 0; k < K; ++k) sq += static_cast<double>(x[k]) * x[k];
+  // |x| rounded up; the bound's scale in float32, with room for the float32 sums below: each of
+  // a_v +- b_v and the comparisons is one rounding (2^-24 relative), covered by the 2^-10 and the
+  // 2^-20 * |a_v| added to every b_v.
+  const double scale = coef * std::sqrt(sq) * (1.0 + 1e-6) * (1.0 + 0x1p-10);
+  if (!std::isfinite(scale) || scale > 1e30) return -1;
+  const float s = static_cast<float>(scale);
+  constexpr float kTiny = 1e-30f;  // products flushed to zero in bfloat16 (denormals)
+  float lo = -std::numeric_limits<float>::infinity();
+  float bad = 0.f;  // NaN where an estimate is not finite
+  int64_t v = 0;
+#if defined(__AVX512F__) && !defined(BATCHGEN_EMULATE_AVX512) && !defined(BATCHGEN_TILE16_HALVES)
+  {
+    __m512 vlo = _mm512_set1_ps(lo), vbad = _mm512_setzero_ps();
+    const __m512 vs = _mm512_set1_ps(s), eps = _mm512_set1_ps(0x1p-20f), tiny = _mm512_set1_ps(kTiny);
+    for (; v + 16 <= V; v += 16) {
+      const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(est + v));
+      const __m512 e = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+      vbad = _mm512_add_ps(vbad, _mm512_mul_ps(e, _mm512_setzero_ps()));
+      const __m512 b = _mm512_add_ps(_mm512_add_ps(_mm512_mul_ps(vs, _mm512_loadu_ps(norms + v)),
+                                                   _mm512_mul_ps(_mm512_abs_ps(e), eps)), tiny);
+      vlo = _mm512_max_ps(vlo, _mm512_sub_ps(e, b));
+      _mm512_storeu_ps(hi + v, _mm512_add_ps(e, b));
+    }
+    lo = _mm512_reduce_max_ps(vlo);
+    bad = _mm512_reduce_add_ps(vbad);
+  }
+#endif
+  for (; v < V; ++v) {
+    const uint32_t bits = static_cast<uint32_t>(est[v]) << 16;  // bfloat16 widened: its bits on top
+    float e;
+    std::memcpy(&e, &bits, sizeof(e));
+    bad += e * 0.f;
+    const float b = s * norms[v] + std::fabs(e) * 0x1p-20f + kTiny;
+    lo = std::max(lo, e - b);
+    hi[v] = e + b;
+  }
+  if (!(bad == 0.f)) return -1;
+  // The candidates, hi >= lo, in ascending order.
+  candidates.clear();
+  int64_t u = 0;
+#if defined(__AVX512F__) && !defined(BATCHGEN_EMULATE_AVX512) && !defined(BATCHGEN_TILE16_HALVES)
+  const __m512 vlo = _mm512_set1_ps(lo);
+  for (; u + 16 <= V; u += 16) {
+    for (uint32_t m = _mm512_cmp_ps_mask(_mm512_loadu_ps(hi + u), vlo, _CMP_GE_OQ); m != 0; m &= m - 1) {
+      if (static_cast<int64_t>(candidates.size()) == max_candidates) return -1;
+      candidates.push_back(u + __builtin_ctz(m));
+    }
+  }
+#endif
+  for (; u < V; ++u) {
+    if (hi[u] < lo) continue;
+    if (static_cast<int64_t>(candidates.size()) == max_candidates) return -1;
+    candidates.push_back(u);
+  }
+  // Up to kGroup candidates' chains side by side: independent FMAs, and their weights' lines
+  // (one per k, panel floats apart) asked for together.
+  constexpr int64_t kGroup = 8;
+  int64_t best = -1;
+  float best_logit = 0.f;
+  for (size_t g = 0; g < candidates.size(); g += kGroup) {
+    const int64_t n = std::min<int64_t>(kGroup, static_cast<int64_t>(candidates.size() - g));
+    float f[kGroup];
+    exact_logits(x, packed, K, panel, candidates.data() + g, n, f);
+    for (int64_t j = 0; j < n; ++j) {  // ascending: among equal logits the lowest index stays
+      if (std::isnan(f[j])) return -1;
+      if (best < 0 || f[j] > best_logit) best = candidates[g + j], best_logit = f[j];
+    }
+  }
+  return best;
+}
+
+}  // namespace greedy
+
+// estimates bfloat16 [M, V] (x's logits with bfloat16 operands), x float32 [M, K], packed the LM
+// head's float32 panels [P, K, panel] (cpu_linear.h's layout), norms float32 [V] (each column's
+// Euclidean norm, rounded up): int64 [M], each row's greedy token or -1 (see the top of the file).
+inline torch::Tensor greedy_screen(const torch::Tensor& estimates, const torch::Tensor& x, const torch::Tensor& packed,
+                                   const torch::Tensor& norms, double coef, int64_t max_candidates) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat && x.is_contiguous(), "x: contiguous [M, K] float32");
+  TORCH_CHECK(packed.dim() == 3 && packed.scalar_type() == torch::kFloat && packed.is_contiguous() &&
+                  packed.size(1) == x.size(1),
+              "packed: contiguous [P, K, panel] float32 with x's K");
+  const int64_t M = x.size(0), K = x.size(1), panel = packed.size(2);
+  TORCH_CHECK(estimates.dim() == 2 && estimates.scalar_type() == torch::kBFloat16 && estimates.is_contiguous() &&
+                  estimates.size(0) == M,
+              "estimates: contiguous [M, V] bfloat16");
+  const int64_t V = estimates.size(1);
+  TORCH_CHECK(V > 0 && V <= packed.size(0) * panel, "estimates: ", V, " columns, more than the packed weight's");
+  TORCH_CHECK(norms.dim() == 1 && norms.size(0) == V && norms.scalar_type() == torch::kFloat && norms.is_contiguous(),
+              "norms: contiguous [V] float32");
+  TORCH_CHECK(coef > 0 && max_candidates > 0, "coef and max_candidates must be positive");
+  auto out = torch::empty({M}, x.options().dtype(torch::kInt64));
+  const auto* est = reinterpret_cast<const uint16_t*>(estimates.data_ptr<c10::BFloat16>());
+  const float* xp = x.data_ptr<float>();
+  const float* w = packed.data_ptr<float>();
+  const float* n = norms.data_ptr<float>();
+  int64_t* o = out.data_ptr<int64_t>();
+  at::parallel_for(0, M, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> hi(V);
+    std::vector<int64_t> candidates;
+    candidates.reserve(max_candidates);
+    for (int64_t r = begin; r < end; ++r) {
+      o[r] = greedy::row_token(est + r * V, xp + r * K, w, n, V, K, panel, coef, max_candidates, hi.data(), candidates);
+    }
+  });
+  return out;
+}

@@ -1,0 +1,115 @@
+"""Greedy tokens from the LM head without its float32 product over the whole vocabulary (CPU).
+
+A greedy row keeps one number of the LM head's output: the index of the largest logit. The LM
+head is a fifth of a small model's decode FLOPs (SmolLM2: 49,152 x 576 of 134.5M parameters), and
+at decode sizes it runs at the float32 kernel's rate. `greedy_tokens` instead:
+
+1. computes every logit with bfloat16 operands (oneDNN, AVX512-BF16; about 1.6x faster at 64 rows
+   on this project's 2-core AVX-512 EPYC), each within a proven distance of its float32 value:
+   |estimate - float32| <= coef * |x| * |w_v|, with coef from the formats (below) and the
+   Euclidean norms of x and of the head's row w_v (Cauchy-Schwarz bounds sum |x_k w_vk|);
+2. keeps the candidates whose estimate plus that distance reaches the best estimate minus its
+   own: the float32 argmax is always among them (a few per row on SmolLM2's logits: 2.4 on
+   average, at most 55, over a ShareGPT run's decode steps);
+3. computes the candidates' float32 logits with the packed kernel's own arithmetic (one FMA chain
+   in k order, cpu_linear.h), so each equals the full product's bit for bit, and returns the
+   largest, the lowest index among equals: the token `argmax(linear(x, head))` gives.
+
+A row it cannot decide (a non-finite estimate, or more than `_MAX_CANDIDATES` candidates) gets
+its full float32 logits and `argmax`, as without this module. So the tokens are those of the
+float32 path, always; only the time differs.
+
+The bound, per logit, with u = 2^-9 (bfloat16's unit roundoff, round to nearest), K the head's
+in_features and S = sum_k |x_k w_vk|: rounding x and w to bfloat16 moves each product by at most
+(2u + u^2)|x_k w_vk|; the float32 sums (oneDNN's, in any order, and the kernel's chain) each err
+by at most gamma_2K S with gamma_n = n 2^-24 / (1 - n 2^-24); oneDNN's bfloat16 result adds at
+most 2u (1 + ...) S, allowing for truncation. coef = 4u (1 + 2^-7) + 5 K 2^-24 covers the sum
+with room; measured errors stay under half of it. A bfloat16 product flushed to zero (a
+subnormal) errs by less than 2^-126, covered by an absolute 1e-30.
+
+Used by the model for a step whose every sampling row is plain greedy (no processors, no
+log-probabilities): `GreedyHead` holds the bfloat16 copy (half the float32 head's bytes) and the
+row norms, beside the float32 head it checks against.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .attention_cpu import _cpu_flags, _named, load_cpu_kernel
+from .dispatch import argmax
+from .linear_cpu import PackedLinear, bf16_linear_supported, linear, pack_linear_weight
+
+__all__ = ["GreedyHead", "greedy_head_supported", "greedy_tokens", "has_bf16_dot_products", "pack_greedy_head"]
+
+# Candidates computed in float32 per row before the row takes the full product instead: 512 of
+# them cost about 0.3 ms of scalar FMA chains (K = 576), a full SmolLM2 row about 2 ms.
+_MAX_CANDIDATES = 512
+_U = 2.0**-9
+
+
+def _coef(in_features: int) -> float:
+    return 4 * _U * (1 + 2.0**-7) + 5 * in_features * 2.0**-24
+
+
+@dataclass(frozen=True)
+class GreedyHead:
+    """The float32 LM head (batchgen's packed kernel), its bfloat16 copy and its rows' norms."""
+
+    exact: PackedLinear
+    estimate: PackedLinear
+    norms: torch.Tensor  # float32 [V]: each row's Euclidean norm, rounded up
+    coef: float
+
+
+def greedy_head_supported(head: PackedLinear) -> bool:
+    """Whether `pack_greedy_head` takes this head: packed for batchgen's float32 kernel, on a CPU
+    with bfloat16 dot products (AVX512-BF16 or AMX; oneDNN emulates them on other AVX-512 CPUs,
+    where the estimate would cost more than it saves)."""
+    return (
+        head.library == "batchgen"
+        and head.compute_dtype == torch.float32
+        and not head.gated
+        and has_bf16_dot_products()
+        and bf16_linear_supported()
+    )
+
+
+def has_bf16_dot_products() -> bool:
+    """Whether the CPU has bfloat16 dot-product instructions (its flags name avx512_bf16 or amx_bf16)."""
+    flags = _cpu_flags().split()
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def pack_greedy_head(head: PackedLinear, weight: torch.Tensor) -> GreedyHead:
+    """The greedy screen of `head`, which packs `weight` ([V, K] float32). Raises ValueError
+    where `greedy_head_supported(head)` is False or the shapes differ."""
+    if not greedy_head_supported(head):
+        raise ValueError("the greedy screen takes an LM head packed for batchgen's float32 kernel, on a CPU with bfloat16 linear layers")
+    if weight.dtype != torch.float32 or tuple(weight.shape) != (head.out_features, head.in_features):
+        raise ValueError(f"weight {weight.dtype} {tuple(weight.shape)} is not the packed head's [{head.out_features}, {head.in_features}] float32")
+    norms = weight.double().norm(dim=1).mul_(1 + 1e-6).float()  # rounding to float32 stays within the 1e-6
+    return GreedyHead(
+        exact=head,
+        estimate=pack_linear_weight(weight, compute_dtype=torch.bfloat16),
+        norms=norms,
+        coef=_coef(head.in_features),
+    )
+
+
+def greedy_tokens(x: torch.Tensor, head: GreedyHead) -> torch.Tensor:
+    """argmax(linear(x, head.exact), dim=-1) for x [M, K] float32, int64 [M]; see the module."""
+    x = x.contiguous()
+    with _named("batchgen::greedy_estimate"):
+        estimates = torch.ops.mkldnn._linear_pointwise(x.to(torch.bfloat16), head.estimate.packed, None, "none", [], "")
+    with _named("batchgen::greedy_screen"):
+        tokens: torch.Tensor = load_cpu_kernel().greedy_screen(
+            estimates, x, head.exact.packed, head.norms, head.coef, _MAX_CANDIDATES
+        )
+    undecided = (tokens < 0).nonzero().flatten()
+    if undecided.numel():
+        rows = x.index_select(0, undecided)
+        tokens[undecided] = argmax(linear(rows, head.exact))
+    return tokens

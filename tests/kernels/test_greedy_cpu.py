@@ -1,0 +1,180 @@
+"""kernels/greedy_cpu.py: greedy tokens through the bfloat16 screen equal the argmax of the float32
+LM head's logits (batchgen's kernel), on random, tied, near-tied and hostile rows; the estimate's
+error bound holds where the formats' rounding errors add up; undecided rows take the full product."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from batchgen.kernels import argmax, greedy_cpu, linear, linear_cpu, pack_linear_weight
+from batchgen.kernels.greedy_cpu import (
+    GreedyHead,
+    greedy_head_supported,
+    greedy_tokens,
+    pack_greedy_head,
+)
+
+pytestmark = pytest.mark.skipif(
+    not (linear_cpu.batchgen_linear_panel() and greedy_cpu.has_bf16_dot_products() and linear_cpu.bf16_linear_supported()),
+    reason="needs batchgen's linear kernel and a CPU with bfloat16 dot products",
+)
+
+
+def _head(weight: torch.Tensor) -> GreedyHead:
+    return pack_greedy_head(pack_linear_weight(weight, "batchgen"), weight)
+
+
+def _reference(x: torch.Tensor, head: GreedyHead) -> torch.Tensor:
+    """What the sampler picks without the screen: the argmax of the full float32 logits."""
+    return argmax(linear(x, head.exact))
+
+
+def _estimates(x: torch.Tensor, head: GreedyHead) -> torch.Tensor:
+    est = torch.ops.mkldnn._linear_pointwise(x.to(torch.bfloat16), head.estimate.packed, None, "none", [], "")
+    return est.float()
+
+
+@pytest.mark.parametrize("in_features", [1, 16, 64, 576, 2100])
+@pytest.mark.parametrize("vocab", [1, 47, 1000])
+def test_tokens_equal_the_float32_argmax_on_random_rows(in_features: int, vocab: int) -> None:
+    gen = torch.Generator().manual_seed(in_features * 7 + vocab)
+    weight = torch.randn(vocab, in_features, generator=gen) * 0.05
+    head = _head(weight)
+    for scale in (0.01, 1.0, 30.0):
+        x = torch.randn(37, in_features, generator=gen) * scale
+        assert torch.equal(greedy_tokens(x, head), _reference(x, head))
+
+
+def test_equal_logits_give_the_lowest_index() -> None:
+    # Rows 3, 10 and 700 of the head are one vector: their logits are equal bit for bit, and the
+    # largest for x = that vector; the lowest index wins, as torch.argmax picks it.
+    gen = torch.Generator().manual_seed(1)
+    weight = torch.randn(1000, 64, generator=gen) * 0.1
+    weight[[10, 700]] = weight[3].clone()
+    head = _head(weight)
+    x = torch.stack([weight[3] * 5, -weight[3], torch.zeros(64)])
+    ref = _reference(x, head)
+    assert ref[0] == 3 and ref[2] == 0  # all-zero logits: token 0
+    assert torch.equal(greedy_tokens(x, head), ref)
+
+
+def test_logits_closer_than_bfloat16_can_tell_apart() -> None:
+    # Rows that differ in the last bits of one element: their bfloat16 estimates are equal, their
+    # float32 logits are not, and only the float32 ones decide which wins.
+    gen = torch.Generator().manual_seed(2)
+    base = torch.randn(576, generator=gen)
+    base[0] = 1.0  # 1 + 0.003 still rounds to 1 in bfloat16 (its spacing there is 2^-7)
+    weight = torch.randn(300, 576, generator=gen) * 0.01
+    for i, step in enumerate((0.0, 1e-3, -1e-3, 3e-3, 2e-3)):
+        weight[50 + 40 * i] = base
+        weight[50 + 40 * i, 0] += step
+    head = _head(weight)
+    x = torch.stack([base, base * 0.5, torch.cat([torch.ones(1), base[1:]])])
+    est = _estimates(x, head)
+    rows = [50 + 40 * i for i in range(5)]
+    assert torch.equal(est[0, rows], est[0, rows[:1]].expand(5))  # the estimate cannot order them
+    ref = _reference(x, head)
+    assert ref[0] == 170  # the +3e-3 row
+    assert torch.equal(greedy_tokens(x, head), ref)
+
+
+def test_rows_whose_estimates_rank_another_token_first() -> None:
+    # 200 head rows a hair apart: for many x the bfloat16 estimates put another token first than
+    # the float32 logits do. The screen must still return the float32 argmax on every one.
+    gen = torch.Generator().manual_seed(5)
+    base = torch.randn(1, 128, generator=gen)
+    weight = torch.cat([base + 2e-3 * torch.randn(200, 128, generator=gen), torch.randn(800, 128, generator=gen)])
+    head = _head(weight)
+    x = base + 0.3 * torch.randn(256, 128, generator=gen)
+    ref = _reference(x, head)
+    inverted = (argmax(_estimates(x, head)) != ref).nonzero().flatten()
+    assert inverted.numel() > 20  # the case is really here
+    assert torch.equal(greedy_tokens(x, head), ref)
+
+
+def test_the_estimate_stays_within_its_bound_where_roundings_add_up() -> None:
+    # Every x and w element just under 1 + 2^-9 rounds down to 1 in bfloat16: the errors of all
+    # products have one sign, and Cauchy-Schwarz is tight for equal vectors, so the estimate's
+    # error comes near the bound the screen relies on; it must not pass it. Random rows too.
+    for in_features in (64, 576, 4096):
+        near = 1 + 2.0**-9 * 0.999
+        weight = torch.full((48, in_features), near)
+        weight[1:] *= torch.linspace(0.5, 1.5, 47)[:, None]
+        weight = torch.cat([weight, torch.randn(200, in_features)])
+        x = torch.cat([torch.full((1, in_features), near), torch.randn(5, in_features)])
+        head = _head(weight)
+        err = (_estimates(x, head) - linear(x, head.exact)).abs()
+        bound = head.coef * x.double().norm(dim=1, keepdim=True) * weight.double().norm(dim=1)
+        ratio = (err.double() / bound).max().item()
+        assert ratio <= 1.0, f"K={in_features}: error {ratio:.3f} of the bound"
+        assert ratio > 0.5 or in_features != 4096  # the coherent case reaches most of it
+
+
+def test_rows_it_cannot_decide_take_the_full_product(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A head of near-equal rows leaves every token a candidate (more than the screen computes);
+    # non-finite x gives non-finite estimates. Those rows, and only those, take the full product,
+    # and NaN wins the argmax as it does on the full logits.
+    gen = torch.Generator().manual_seed(3)
+    weight = torch.cat([1 + 1e-4 * torch.randn(2000, 32, generator=gen), torch.randn(100, 32, generator=gen)])
+    head = _head(weight)
+    x = torch.randn(6, 32, generator=gen)
+    x[1] = weight[0]  # near-equal rows all close to the top: thousands of candidates
+    x[3, 5] = float("nan")
+    x[4, 0] = float("inf")
+    full_rows: list[int] = []
+    real_linear = greedy_cpu.linear
+
+    def spy(rows: torch.Tensor, weight_: object) -> torch.Tensor:
+        full_rows.append(rows.shape[0])
+        return real_linear(rows, weight_)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(greedy_cpu, "linear", spy)
+    tokens = greedy_tokens(x, head)
+    assert full_rows == [3]  # rows 1, 3 and 4
+    assert torch.equal(tokens, _reference(x, head))
+
+
+def test_decided_rows_never_compute_the_full_product(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The screen is the path: a trained-looking head (rows of varied norms) decides every row
+    # from a few float32 logits.
+    gen = torch.Generator().manual_seed(4)
+    weight = torch.randn(5000, 96, generator=gen) * torch.rand(5000, 1, generator=gen)
+    head = _head(weight)
+    x = torch.randn(64, 96, generator=gen) * 3
+
+    def refuse(*args: object) -> torch.Tensor:
+        raise AssertionError("a decided row took the full product")
+
+    ref = _reference(x, head)
+    monkeypatch.setattr(greedy_cpu, "linear", refuse)
+    assert torch.equal(greedy_tokens(x, head), ref)
+
+
+def test_the_kernel_counts_candidates_against_its_limit() -> None:
+    # max_candidates 1: a row with two candidates is left undecided (-1), a row with one is not.
+    weight = torch.zeros(64, 16)
+    weight[5, 0] = 1.0
+    weight[9, 0] = 1.0 + 2.0**-20  # the same estimate as row 5, a larger float32 logit
+    weight[20, 1] = 1.0
+    head = _head(weight)
+    x = torch.zeros(2, 16)
+    x[0, 0] = 1.0
+    x[1, 1] = 1.0
+    est = torch.ops.mkldnn._linear_pointwise(x.to(torch.bfloat16), head.estimate.packed, None, "none", [], "")
+    kernel = linear_cpu.load_cpu_kernel()
+    screened = kernel.greedy_screen(est, x, head.exact.packed, head.norms, head.coef, 1)
+    assert screened.tolist() == [-1, 20]
+    assert kernel.greedy_screen(est, x, head.exact.packed, head.norms, head.coef, 2).tolist() == [9, 20]
+
+
+def test_only_a_float32_batchgen_head_is_screened() -> None:
+    weight = torch.randn(100, 32)
+    assert greedy_head_supported(pack_linear_weight(weight, "batchgen"))
+    assert not greedy_head_supported(pack_linear_weight(weight, "batchgen", torch.bfloat16))
+    if "onednn" in linear_cpu.packing_libraries():
+        assert not greedy_head_supported(pack_linear_weight(weight, "onednn"))
+        with pytest.raises(ValueError, match="batchgen's float32 kernel"):
+            pack_greedy_head(pack_linear_weight(weight, "onednn"), weight)
+    with pytest.raises(ValueError, match=r"\[100, 32\] float32"):
+        pack_greedy_head(pack_linear_weight(weight, "batchgen"), weight[:50])
