@@ -129,7 +129,7 @@ class ModelRunner:
         arrays, inputs = self._inputs(plan)
         if arrays.prompt_logits_spans:
             raise ValueError("execute_greedy computes no prompt logits: this plan asks for some")
-        tokens = self.model.greedy_tokens(*inputs)
+        tokens = self.model.greedy_tokens(self.model.final_hidden(*inputs))
         return StepTokens([int(t) for t in tokens.tolist()], arrays.sampling_seq_ids)
 
     def _inputs(self, plan: StepPlan) -> tuple[StepArrays, _ForwardInputs]:

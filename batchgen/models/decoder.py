@@ -186,34 +186,28 @@ class DecoderModel:
 
         Writes each layer's new K/V into kv_caches at meta.slot_mapping.
         """
-        return self._logits(self._final_hidden(input_ids, positions, kv_caches, meta, logits_indices))
+        return self.logits(self.final_hidden(input_ids, positions, kv_caches, meta, logits_indices))
 
     @torch.inference_mode()
-    def greedy_tokens(
-        self,
-        input_ids: torch.Tensor,
-        positions: torch.Tensor,
-        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
-        meta: AttentionMetadata,
-        logits_indices: torch.Tensor,
-    ) -> torch.Tensor:
-        """`argmax(forward(...), dim=-1)` (int64 [len(logits_indices)]): the greedy tokens of the
-        selected positions, the same ones, through the bfloat16 screen where the model has it."""
-        last = self._final_hidden(input_ids, positions, kv_caches, meta, logits_indices)
+    def greedy_tokens(self, last: torch.Tensor) -> torch.Tensor:
+        """`argmax(logits(last), dim=-1)` (int64 [rows]) for `final_hidden`'s output: the greedy
+        tokens, the same ones, through the bfloat16 screen where the model has it."""
         tokens: torch.Tensor = (
-            argmax(self._logits(last)) if self._greedy_head is None else greedy_tokens(last, self._greedy_head)
+            argmax(self.logits(last)) if self._greedy_head is None else greedy_tokens(last, self._greedy_head)
         )
         return tokens
 
-    def _logits(self, last: torch.Tensor) -> torch.Tensor:
-        """The LM head's logits (float32), soft-capped where the model caps them."""
+    def logits(self, last: torch.Tensor) -> torch.Tensor:
+        """The LM head's logits (float32) for `final_hidden`'s output, soft-capped where the model
+        caps them."""
         logits: torch.Tensor = linear(last, self.lm_head).float()
         cap = self.final_logit_softcap
         if cap is not None:
             logits = torch.tanh(logits / cap) * cap
         return logits
 
-    def _final_hidden(
+    @torch.inference_mode()
+    def final_hidden(
         self,
         input_ids: torch.Tensor,
         positions: torch.Tensor,
@@ -221,7 +215,8 @@ class DecoderModel:
         meta: AttentionMetadata,
         logits_indices: torch.Tensor,
     ) -> torch.Tensor:
-        """The final norm's output at the selected tokens, what the LM head takes."""
+        """The final norm's output at the selected tokens, what the LM head takes (`logits`,
+        `greedy_tokens`). Writes each layer's new K/V as `forward` does."""
         backend = self._backend
         step = StepInputs(positions, meta, backend)
         hidden = self.embed.index_select(0, input_ids)
