@@ -40,7 +40,13 @@ import torch
 
 from .attention_cpu import _cpu_flags, _named, load_cpu_kernel
 from .dispatch import argmax
-from .linear_cpu import PackedLinear, bf16_linear_supported, linear, pack_linear_weight
+from .linear_cpu import (
+    PackedLinear,
+    bf16_linear_supported,
+    linear,
+    onednn_linear,
+    pack_linear_weight,
+)
 
 __all__ = ["GreedyHead", "greedy_head_supported", "greedy_tokens", "has_bf16_dot_products", "pack_greedy_head"]
 
@@ -48,6 +54,11 @@ __all__ = ["GreedyHead", "greedy_head_supported", "greedy_tokens", "has_bf16_dot
 # them cost about 0.3 ms of scalar FMA chains (K = 576), a full SmolLM2 row about 2 ms.
 _MAX_CANDIDATES = 512
 _U = 2.0**-9
+# Below this many rows the float32 head is cheaper than the estimate (it reads the weights from
+# memory either way, and oneDNN's bfloat16 product at 16 rows costs as much as at 32): on the
+# 2-core AVX-512 EPYC, SmolLM2's head at 16 rows 1.9 ms float32 against 2.9 screened, at 24 rows
+# 2.9 against 3.1, at 32 rows 4.0 against 3.0.
+_MIN_ROWS = 25
 
 
 def _coef(in_features: int) -> float:
@@ -90,7 +101,10 @@ def pack_greedy_head(head: PackedLinear, weight: torch.Tensor) -> GreedyHead:
         raise ValueError("the greedy screen takes an LM head packed for batchgen's float32 kernel, on a CPU with bfloat16 linear layers")
     if weight.dtype != torch.float32 or tuple(weight.shape) != (head.out_features, head.in_features):
         raise ValueError(f"weight {weight.dtype} {tuple(weight.shape)} is not the packed head's [{head.out_features}, {head.in_features}] float32")
-    norms = weight.double().norm(dim=1).mul_(1 + 1e-6).float()  # rounding to float32 stays within the 1e-6
+    # in float64, a slice of rows at a time (a float64 copy of a whole head would be its size
+    # twice over); rounding to float32 stays within the 1e-6
+    rows = range(0, weight.shape[0], 4096)
+    norms = torch.cat([weight[i : i + 4096].double().norm(dim=1) for i in rows]).mul_(1 + 1e-6).float()
     return GreedyHead(
         exact=head,
         estimate=pack_linear_weight(weight, compute_dtype=torch.bfloat16),
@@ -102,8 +116,14 @@ def pack_greedy_head(head: PackedLinear, weight: torch.Tensor) -> GreedyHead:
 def greedy_tokens(x: torch.Tensor, head: GreedyHead) -> torch.Tensor:
     """argmax(linear(x, head.exact), dim=-1) for x [M, K] float32, int64 [M]; see the module."""
     x = x.contiguous()
+    if x.shape[0] < _MIN_ROWS:
+        return argmax(linear(x, head.exact))
     with _named("batchgen::greedy_estimate"):
-        estimates = torch.ops.mkldnn._linear_pointwise(x.to(torch.bfloat16), head.estimate.packed, None, "none", [], "")
+        # 64 rows a call at most (the estimate is compute-bound from about 32 rows), so that oneDNN
+        # sees four row counts, 16 to 64 (see linear_cpu.onednn_linear)
+        rows = x.to(torch.bfloat16)
+        parts = [onednn_linear(rows[i : i + 64], head.estimate.packed) for i in range(0, rows.shape[0], 64)]
+        estimates = parts[0] if len(parts) == 1 else torch.cat(parts)
     with _named("batchgen::greedy_screen"):
         tokens: torch.Tensor = load_cpu_kernel().greedy_screen(
             estimates, x, head.exact.packed, head.norms, head.coef, _MAX_CANDIDATES

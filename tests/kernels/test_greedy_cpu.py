@@ -21,6 +21,12 @@ pytestmark = pytest.mark.skipif(
 )
 
 
+@pytest.fixture(autouse=True)
+def screen_every_row_count(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The screen from one row up (production leaves fewer than `_MIN_ROWS` to the float32 head)."""
+    monkeypatch.setattr(greedy_cpu, "_MIN_ROWS", 1)
+
+
 def _head(weight: torch.Tensor) -> GreedyHead:
     return pack_greedy_head(pack_linear_weight(weight, "batchgen"), weight)
 
@@ -108,7 +114,7 @@ def test_the_estimate_stays_within_its_bound_where_roundings_add_up() -> None:
         bound = head.coef * x.double().norm(dim=1, keepdim=True) * weight.double().norm(dim=1)
         ratio = (err.double() / bound).max().item()
         assert ratio <= 1.0, f"K={in_features}: error {ratio:.3f} of the bound"
-        assert ratio > 0.5 or in_features != 4096  # the coherent case reaches most of it
+        assert ratio > 0.4 or in_features != 4096  # the coherent rows come near it (0.64 measured)
 
 
 def test_rows_it_cannot_decide_take_the_full_product(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -178,3 +184,24 @@ def test_only_a_float32_batchgen_head_is_screened() -> None:
             pack_greedy_head(pack_linear_weight(weight, "onednn"), weight)
     with pytest.raises(ValueError, match=r"\[100, 32\] float32"):
         pack_greedy_head(pack_linear_weight(weight, "batchgen"), weight[:50])
+
+
+def test_few_rows_take_the_float32_head(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Below _MIN_ROWS rows the estimate costs more than it saves: the full product, no screen.
+    monkeypatch.setattr(greedy_cpu, "_MIN_ROWS", 25)
+    gen = torch.Generator().manual_seed(6)
+    weight = torch.randn(3000, 64, generator=gen)
+    head = _head(weight)
+    x = torch.randn(30, 64, generator=gen)
+    screened: list[int] = []
+    kernel = linear_cpu.load_cpu_kernel()
+
+    class Spy:
+        def greedy_screen(self, estimates: torch.Tensor, *args: object) -> torch.Tensor:
+            screened.append(estimates.shape[0])
+            return kernel.greedy_screen(estimates, *args)  # type: ignore[no-any-return]
+
+    monkeypatch.setattr(greedy_cpu, "load_cpu_kernel", Spy)
+    assert torch.equal(greedy_tokens(x[:24], head), _reference(x[:24], head))
+    assert torch.equal(greedy_tokens(x, head), _reference(x, head))
+    assert screened == [30]
