@@ -120,7 +120,7 @@ def greedy_tokens(x: torch.Tensor, head: GreedyHead) -> torch.Tensor:
         return argmax(linear(x, head.exact))
     with _named("batchgen::greedy_estimate"):
         # 64 rows a call at most (the estimate is compute-bound from about 32 rows), so that oneDNN
-        # sees four row counts, 16 to 64 (see linear_cpu.onednn_linear)
+        # sees at most the eight row counts up to 64 (see linear_cpu.onednn_linear)
         rows = x.to(torch.bfloat16)
         parts = [onednn_linear(rows[i : i + 64], head.estimate.packed) for i in range(0, rows.shape[0], 64)]
         estimates = parts[0] if len(parts) == 1 else torch.cat(parts)

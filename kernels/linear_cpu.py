@@ -264,10 +264,10 @@ def onednn_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | No
 
 
 def onednn_rows(m: int) -> int:
-    """The row count `onednn_linear` runs for m rows: m rounded up to a multiple of 16 up to 64, of
+    """The row count `onednn_linear` runs for m rows: m rounded up to a multiple of 8 up to 64, of
     32 up to 256 (decode batches), of 256 above (prefill chunks, mostly the whole 2,048-token
-    budget): 17 counts up to 2,048 rows."""
-    step = 16 if m <= 64 else 32 if m <= 256 else 256
+    budget): 21 counts up to 2,048 rows."""
+    step = 8 if m <= 64 else 32 if m <= 256 else 256
     return -(-m // step) * step
 
 
