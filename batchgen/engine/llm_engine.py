@@ -88,11 +88,12 @@ def default_cpu_kv_bytes() -> int:
     return max(_CPU_KV_MIN_BYTES, min(_CPU_KV_CAP_BYTES, int(free * _CPU_KV_SHARE_OF_FREE)))
 
 
-def _needs_logits(params: SamplingParams, score_from: int | None) -> bool:
+def _needs_logits(request: _Request) -> bool:
     """Whether a request's tokens need more of the logits than their argmax: anything but plain
     greedy decoding (sampling, a logits processor or a grammar, log-probabilities, prompt
     log-probabilities or scores)."""
-    return not params.is_greedy or params.has_logits_processors or params.logprobs is not None or score_from is not None
+    p = request.params
+    return not p.is_greedy or p.has_logits_processors or p.logprobs is not None or request.prompt_logprobs is not None
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,8 +127,6 @@ class _Request:
     bad_words_token_ids: tuple[tuple[int, ...], ...] = ()
     # One entry per prompt token when prompt logprobs are asked (filled as the prompt computes).
     prompt_logprobs: list[dict[int, float] | None] | None = None
-    # Its tokens need more of the logits than their argmax (see `_needs_logits`).
-    needs_logits: bool = True
 
 
 def resolve_device(name: str | None) -> torch.device:
@@ -361,11 +360,10 @@ class LLMEngine:
             arrival_time=self.clock() if arrival_time is None else arrival_time,
             bad_words_token_ids=setup.bad_words_token_ids,
             prompt_logprobs=None if score_from is None else [None] * len(prompt_token_ids),
-            needs_logits=_needs_logits(params, score_from),
         )
         self._requests[request_id] = request
         self._num_detokenized += bool(stop)
-        self._num_needing_logits += request.needs_logits
+        self._num_needing_logits += _needs_logits(request)
         for seq in seqs:
             self._seq_to_request[seq.seq_id] = request
             self._token_times_of[seq.seq_id] = request.token_times if seq.sample_index == 0 else self._scratch_times
@@ -503,13 +501,13 @@ class LLMEngine:
         return targets
 
     def _run(self, plan: StepPlan) -> StepResult:
+        if self._num_needing_logits == 0 and isinstance(self._runner, ModelRunner):
+            return self._greedy_result(self._runner.execute_greedy(plan), plan)  # no grammar in flight either
         # The grammar masks are filled on a worker thread while the forward pass runs.
         grammar_targets = self._grammar_targets(plan)
         pending: PendingMask | None = (
             self.structured.start_masks(grammar_targets, overlap=self._mask_overlaps()) if grammar_targets else None
         )
-        if self._num_needing_logits == 0 and isinstance(self._runner, ModelRunner):
-            return self._greedy_result(self._runner.execute_greedy(plan), plan)
         step_logits = self._runner.execute(plan)
         if isinstance(step_logits, StepResult):
             if pending is not None:
@@ -626,7 +624,7 @@ class LLMEngine:
             del self._token_times_of[seq.seq_id]
         del self._requests[request.request_id]
         self._num_detokenized -= request.detokenizers[0] is not None
-        self._num_needing_logits -= request.needs_logits
+        self._num_needing_logits -= _needs_logits(request)
         first_scheduled = request.first_scheduled_time
         return RequestOutput(
             request_id=request.request_id,

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from batchgen.engine.config import CacheConfig, RunnerConfig, SchedulerConfig
-from batchgen.engine.llm_engine import LLMEngine, _needs_logits
+from batchgen.engine.llm_engine import LLMEngine
 from batchgen.engine.sampling_params import SamplingParams
 from batchgen.kernels import greedy_cpu, linear_cpu
 from batchgen.models.checkpoint import load_checkpoint
@@ -100,7 +100,7 @@ def test_greedy_samples_of_one_prompt_share_its_tokens(folder: Path) -> None:
         (SamplingParams(temperature=0, n=3, max_tokens=4, stop=["x"]), None, False),
         (SamplingParams(temperature=0.5), None, True),
         (SamplingParams(temperature=0, logprobs=0), None, True),
-        (SamplingParams(temperature=0, prompt_logprobs=1), 1, True),
+        (SamplingParams(temperature=0, prompt_logprobs=1), None, True),
         (SamplingParams(temperature=0), 3, True),
         (SamplingParams(temperature=0, repetition_penalty=1.2), None, True),
         (SamplingParams(temperature=0, logit_bias={3: 1.0}), None, True),
@@ -109,5 +109,14 @@ def test_greedy_samples_of_one_prompt_share_its_tokens(folder: Path) -> None:
         (SamplingParams(temperature=0, bad_words=["a"]), None, True),
     ],
 )
-def test_what_needs_the_logits(params: SamplingParams, score_from: int | None, needs: bool) -> None:
-    assert _needs_logits(params, score_from) is needs
+def test_what_needs_the_logits(folder: Path, params: SamplingParams, score_from: int | None, needs: bool) -> None:
+    # Counted when the request is added, uncounted when it finishes.
+    engine = LLMEngine(
+        load_checkpoint(folder), scheduler_config=SchedulerConfig(), cache_config=CacheConfig(),
+        runner_config=RunnerConfig(device="cpu"),
+    )
+    engine.add_request(PROMPTS[0], params, score_from=score_from)
+    assert engine._num_needing_logits == int(needs)
+    while engine.has_unfinished():
+        engine.step()
+    assert engine._num_needing_logits == 0
