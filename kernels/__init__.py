@@ -27,6 +27,7 @@ from .dispatch import (
 from .greedy_cpu import GreedyHead, greedy_head_supported, greedy_tokens, pack_greedy_head
 from .linear_cpu import (
     PackedLinear,
+    batchgen_bf16_linear,
     bf16_linear_supported,
     linear,
     pack_linear_weight,
@@ -46,6 +47,7 @@ __all__ = [
     "RmsNormOutput",
     "apply_token_bitmask",
     "argmax",
+    "batchgen_bf16_linear",
     "bf16_linear_supported",
     "greedy_head_supported",
     "greedy_tokens",

@@ -712,6 +712,11 @@ torch::Tensor paged_attention(torch::Tensor query, torch::Tensor k_cache, torch:
 #include "cpu_small_ops.h"
 
 #if defined(BATCHGEN_TILE16)
+// The bfloat16 linear kernels where the CPU has AVX512-BF16's dot products (not in the AVX2 halves
+// or the emulation builds).
+#if defined(__AVX512BF16__) && !defined(BATCHGEN_TILE16_HALVES) && !defined(BATCHGEN_EMULATE_AVX512)
+#define BATCHGEN_BF16_DOT 1
+#endif
 // Linear layers over column-packed weights (on the tile path's CPUs: AVX-512, or AVX2 halves).
 #include "cpu_linear.h"
 // Greedy tokens from bfloat16 estimates of the LM head's logits and a few float32 ones.
@@ -746,6 +751,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("x"), py::arg("packed"), py::arg("intermediate"));
   m.def("packed_linear", &packed_linear, "x W^T + b over a column-packed weight (float32, CPU)", py::arg("x"),
         py::arg("packed"), py::arg("out_features"), py::arg("bias") = py::none());
+#if defined(BATCHGEN_BF16_DOT)
+  m.def("packed_linear_bf16", &packed_linear_bf16,
+        "x W^T + b with bfloat16 products summed in float32, over a bfloat16-pair panel weight (CPU)", py::arg("x"),
+        py::arg("packed"), py::arg("out_features"), py::arg("bias") = py::none());
+  m.def("packed_silu_gate_up_bf16", &packed_silu_gate_up_bf16,
+        "silu(x G^T) * (x U^T) with bfloat16 products summed in float32 (CPU)", py::arg("x"), py::arg("packed"),
+        py::arg("intermediate"));
+#endif
   m.def("greedy_screen", &greedy_screen,
         "each row's greedy token from bfloat16 logit estimates and float32 logits of the candidates (-1: undecided)",
         py::arg("estimates"), py::arg("x"), py::arg("packed"), py::arg("norms"), py::arg("coef"),

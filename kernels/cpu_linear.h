@@ -69,12 +69,42 @@ constexpr int64_t kRowBlock = 256;
 // rate at 256 rows in whole-K passes.
 constexpr int64_t kKBlock = 2048;
 
+// One k step of accumulate below: float32 x and w, one FMA per accumulator.
+template <int R, int V>
+inline void accumulate_step(const float* __restrict x, int64_t lda, const float* __restrict w, int64_t k,
+                            __m512 (&acc)[R][V]) {
+  __m512 b[V];
+  for (int v = 0; v < V; ++v) b[v] = _mm512_loadu_ps(w + k * 16 * V + 16 * v);
+  for (int r = 0; r < R; ++r) {
+    const __m512 a = _mm512_set1_ps(x[r * lda + k]);
+    for (int v = 0; v < V; ++v) acc[r][v] = _mm512_fmadd_ps(a, b[v], acc[r][v]);
+  }
+}
+
+#if defined(BATCHGEN_BF16_DOT)
+// One k step of the bfloat16 kernel: x and w hold bfloat16 pairs (k = 2i, 2i + 1 in one 32-bit
+// unit; K counts pairs), and each accumulator takes one AVX512-BF16 dot product,
+// acc + x[2i] w[2i] + x[2i + 1] w[2i + 1] in float32: twice the multiply-adds of an FMA, from half
+// the bytes of weight.
+template <int R, int V>
+inline void accumulate_step(const uint32_t* __restrict x, int64_t lda, const uint32_t* __restrict w, int64_t k,
+                            __m512 (&acc)[R][V]) {
+  __m512bh b[V];
+  for (int v = 0; v < V; ++v) b[v] = (__m512bh)_mm512_loadu_si512(w + k * 16 * V + 16 * v);
+  for (int r = 0; r < R; ++r) {
+    const __m512bh a = (__m512bh)_mm512_set1_epi32(static_cast<int>(x[r * lda + k]));
+    for (int v = 0; v < V; ++v) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], a, b[v]);
+  }
+}
+#endif
+
 // acc[r][v] = from[r][v] (or 0 where from is null) + the sum over k < K of x[r, k] * w[k, 16 v ..
 // 16 v + 15] for R rows of x (row stride lda) and a panel slice w of V vectors' width, asking for
-// `prefetch_lines` cache lines from `prefetch` on the way (spread over the k steps).
-template <int R, int V>
-inline void accumulate(const float* __restrict x, int64_t lda, const float* __restrict w, int64_t K,
-                       const char* prefetch, int64_t prefetch_lines, __m512 (&acc)[R][V], const float* from) {
+// `prefetch_lines` cache lines from `prefetch` on the way (spread over the k steps). T: float,
+// or a bfloat16 pair (accumulate_step). Every output is one chain in k order, whatever R.
+template <int R, int V, class T>
+inline void accumulate(const T* __restrict x, int64_t lda, const T* __restrict w, int64_t K, const char* prefetch,
+                       int64_t prefetch_lines, __m512 (&acc)[R][V], const float* from) {
   for (int r = 0; r < R; ++r)
     for (int v = 0; v < V; ++v) acc[r][v] = from ? _mm512_loadu_ps(from + (r * V + v) * 16) : _mm512_setzero_ps();
   const int64_t lines_per_k = (prefetch_lines + K - 1) / K;
@@ -82,14 +112,28 @@ inline void accumulate(const float* __restrict x, int64_t lda, const float* __re
     for (int64_t j = 0, line = k * lines_per_k; j < lines_per_k && line < prefetch_lines; ++j, ++line) {
       __builtin_prefetch(prefetch + line * 64, 0, 3);
     }
-    __m512 b[V];
-    for (int v = 0; v < V; ++v) b[v] = _mm512_loadu_ps(w + k * 16 * V + 16 * v);
-    for (int r = 0; r < R; ++r) {
-      const __m512 a = _mm512_set1_ps(x[r * lda + k]);
-      for (int v = 0; v < V; ++v) acc[r][v] = _mm512_fmadd_ps(a, b[v], acc[r][v]);
-    }
+    accumulate_step<R, V>(x, lda, w, k, acc);
   }
 }
+
+#if defined(BATCHGEN_BF16_DOT)
+// x [M, K] float32 as bfloat16 [M, K2 pairs] (round to nearest even; a zero after the last k where
+// K is odd), the bfloat16 kernel's input.
+inline void to_bf16_pairs(const float* x, int64_t M, int64_t K, int64_t K2, uint16_t* out) {
+  at::parallel_for(0, M, 64, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const float* row = x + r * K;
+      uint16_t* dst = out + r * 2 * K2;
+      for (int64_t k = 0; k < K; k += 16) {
+        const __mmask16 mask = static_cast<__mmask16>(K - k >= 16 ? 0xFFFF : (1u << (K - k)) - 1u);
+        const __m256bh h = _mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(mask, row + k));
+        _mm256_mask_storeu_epi16(dst + k, mask, (__m256i)h);
+      }
+      if (K % 2) dst[K] = 0;
+    }
+  });
+}
+#endif
 
 // The sums of R rows kept between two slices of k (exact: float32 stored and read back).
 template <int R, int V>
@@ -114,8 +158,8 @@ inline void store_lanes(float* out, __m512 y, int64_t n) {
 // others into `part`; the sums start from `part` except on the first slice. Out of line on
 // purpose: inlined into over_panels, GCC kept the accumulators in memory through the k loop
 // (170 GFLOP/s against 470 at 64 rows).
-template <int R>
-__attribute__((noinline)) void linear_rows(const float* x, int64_t lda, int64_t kn, const float* w, const float* bias,
+template <int R, class T>
+__attribute__((noinline)) void linear_rows(const T* x, int64_t lda, int64_t kn, const T* w, const float* bias,
                                            float* out, int64_t ldc, int64_t cols, const char* prefetch,
                                            int64_t prefetch_lines, float* part, bool first, bool last) {
   __m512 acc[R][kLinearVectors];
@@ -147,8 +191,8 @@ inline __m512 silu_mul(__m512 g, __m512 u) {
 
 // Rows [0, R) times one slice of a gated panel: on the last slice silu of the gate half times the
 // up half, `cols` valid columns; as linear_rows otherwise.
-template <int R>
-__attribute__((noinline)) void gated_rows(const float* x, int64_t lda, int64_t kn, const float* w,
+template <int R, class T>
+__attribute__((noinline)) void gated_rows(const T* x, int64_t lda, int64_t kn, const T* w,
                                           const float* /*bias*/, float* out, int64_t ldc, int64_t cols,
                                           const char* prefetch, int64_t prefetch_lines, float* part, bool first,
                                           bool last) {
@@ -183,11 +227,14 @@ inline void with_rows(int64_t n, F&& f) {
 // kRows rows through Rows<n>; a block's sums wait in `partial` between slices (exact float32, so
 // every output is still one FMA chain in k order). Step j of a panel's slices x blocks asks for
 // the j-th share of the thread's next panel.
-template <int kVectors, int kRows, int64_t kOutCols, template <int> class Rows>
-inline void over_panels(const float* x, int64_t M, int64_t K, const float* w, int64_t P, const float* bias, float* out,
+// T: float (K counts floats), or where the CPU has AVX512-BF16 uint32_t, a pair of bfloat16 (K
+// counts pairs).
+template <int kVectors, int kRows, int64_t kOutCols, template <int> class Rows, class T = float>
+inline void over_panels(const T* x, int64_t M, int64_t K, const T* w, int64_t P, const float* bias, float* out,
                         int64_t out_cols) {
-  const int64_t panel_floats = K * 16 * kVectors;
-  const int64_t lines = panel_floats * static_cast<int64_t>(sizeof(float)) / 64;
+  static_assert(sizeof(T) == sizeof(float), "a k step is 4 bytes: one float or two bfloat16");
+  const int64_t panel_floats = K * 16 * kVectors;  // 4-byte units: floats, or bfloat16 pairs
+  const int64_t lines = panel_floats * static_cast<int64_t>(sizeof(T)) / 64;
   for (int64_t m0 = 0; m0 < M; m0 += kRowBlock) {
     const int64_t m = std::min(kRowBlock, M - m0);
     const int64_t blocks = (m + kRows - 1) / kRows;
@@ -220,32 +267,46 @@ inline void over_panels(const float* x, int64_t M, int64_t K, const float* w, in
 
 template <int R>
 struct LinearRows {
-  static void run(const float* x, int64_t lda, int64_t kn, const float* w, const float* bias, float* out, int64_t ldc,
+  template <class T>
+  static void run(const T* x, int64_t lda, int64_t kn, const T* w, const float* bias, float* out, int64_t ldc,
                   int64_t cols, const char* pf, int64_t pf_lines, float* part, bool first, bool last) {
-    linear_rows<R>(x, lda, kn, w, bias, out, ldc, cols, pf, pf_lines, part, first, last);
+    linear_rows<R, T>(x, lda, kn, w, bias, out, ldc, cols, pf, pf_lines, part, first, last);
   }
 };
 
 template <int R>
 struct GatedRows {
-  static void run(const float* x, int64_t lda, int64_t kn, const float* w, const float* bias, float* out, int64_t ldc,
+  template <class T>
+  static void run(const T* x, int64_t lda, int64_t kn, const T* w, const float* bias, float* out, int64_t ldc,
                   int64_t cols, const char* pf, int64_t pf_lines, float* part, bool first, bool last) {
-    gated_rows<R>(x, lda, kn, w, bias, out, ldc, cols, pf, pf_lines, part, first, last);
+    gated_rows<R, T>(x, lda, kn, w, bias, out, ldc, cols, pf, pf_lines, part, first, last);
   }
 };
 
-// The checks both entry points make: x a contiguous float32 [M, K], packed a contiguous float32
-// [P, K, width] whose P panels of `per_panel` output columns hold `columns` of them.
+// The checks the entry points make: x a contiguous float32 [M, K], packed a contiguous [P, k_steps,
+// width] of `packed_type` (float32; int32 for bfloat16 pairs, k_steps = ceil(K / 2)) whose P
+// panels of `per_panel` output columns hold `columns` of them.
 inline void check_packed(const torch::Tensor& x, const torch::Tensor& packed, int64_t width, int64_t per_panel,
-                         int64_t columns) {
+                         int64_t columns, torch::ScalarType packed_type = torch::kFloat) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat && x.is_contiguous(), "x: contiguous [M, K] float32");
-  TORCH_CHECK(packed.dim() == 3 && packed.scalar_type() == torch::kFloat && packed.is_contiguous() &&
+  TORCH_CHECK(packed.dim() == 3 && packed.scalar_type() == packed_type && packed.is_contiguous() &&
                   packed.size(2) == width,
-              "packed: contiguous [P, K, ", width, "] float32");
-  TORCH_CHECK(packed.size(1) == x.size(1), "x has ", x.size(1), " columns, the packed weight ", packed.size(1));
+              "packed: contiguous [P, K, ", width, "] ", packed_type == torch::kFloat ? "float32" : "int32 (bfloat16 pairs)");
+  const int64_t k_steps = packed_type == torch::kFloat ? x.size(1) : (x.size(1) + 1) / 2;
+  TORCH_CHECK(packed.size(1) == k_steps, "x has ", x.size(1), " columns, the packed weight ", packed.size(1),
+              packed_type == torch::kFloat ? "" : " pairs");
   const int64_t P = packed.size(0);
   TORCH_CHECK(columns > (P - 1) * per_panel && columns <= P * per_panel, "out_features ", columns, " does not fit ", P,
               " panels");
+}
+
+// The bias's data (a contiguous float32 [out_features]), or null where there is none.
+inline const float* checked_bias(const c10::optional<torch::Tensor>& bias, int64_t out_features) {
+  if (!bias.has_value()) return nullptr;
+  TORCH_CHECK(bias->dim() == 1 && bias->size(0) == out_features && bias->scalar_type() == torch::kFloat &&
+                  bias->is_contiguous(),
+              "bias: contiguous [out_features] float32");
+  return bias->data_ptr<float>();
 }
 
 }  // namespace tile16
@@ -255,13 +316,7 @@ inline void check_packed(const torch::Tensor& x, const torch::Tensor& packed, in
 inline torch::Tensor packed_linear(const torch::Tensor& x, const torch::Tensor& packed, int64_t out_features,
                                    const c10::optional<torch::Tensor>& bias) {
   tile16::check_packed(x, packed, tile16::kPanel, tile16::kPanel, out_features);
-  const float* b = nullptr;
-  if (bias.has_value()) {
-    TORCH_CHECK(bias->dim() == 1 && bias->size(0) == out_features && bias->scalar_type() == torch::kFloat &&
-                    bias->is_contiguous(),
-                "bias: contiguous [out_features] float32");
-    b = bias->data_ptr<float>();
-  }
+  const float* b = tile16::checked_bias(bias, out_features);
   const int64_t M = x.size(0), K = x.size(1);
   auto out = torch::empty({M, out_features}, x.options());
   if (M == 0) return out;
@@ -283,3 +338,47 @@ inline torch::Tensor packed_silu_gate_up(const torch::Tensor& x, const torch::Te
       x.data_ptr<float>(), M, K, packed.data_ptr<float>(), packed.size(0), nullptr, out.data_ptr<float>(), intermediate);
   return out;
 }
+
+#if defined(BATCHGEN_BF16_DOT)
+// The bfloat16 kernels: x [M, K] float32 rounded to bfloat16 here, a weight packed as bfloat16
+// pairs [P, ceil(K / 2), width] (int32 units; kernels/linear_cpu.py packs it), products summed
+// in float32 and returned in float32 (no rounding of the result to bfloat16).
+template <int kVectors, int kRows, int64_t kOutCols, template <int> class Rows>
+inline void over_panels_bf16(const torch::Tensor& x, const torch::Tensor& packed, const float* bias, torch::Tensor& out,
+                             int64_t out_cols) {
+  const int64_t M = x.size(0), K = x.size(1), K2 = packed.size(1);
+  std::vector<uint16_t> pairs(M * 2 * K2);
+  tile16::to_bf16_pairs(x.data_ptr<float>(), M, K, K2, pairs.data());
+  tile16::over_panels<kVectors, kRows, kOutCols, Rows, uint32_t>(
+      reinterpret_cast<const uint32_t*>(pairs.data()), M, K2, reinterpret_cast<const uint32_t*>(packed.data_ptr<int32_t>()),
+      packed.size(0), bias, out.data_ptr<float>(), out_cols);
+}
+
+// packed_linear with bfloat16 products: x [M, K] float32 times a bfloat16-pair panel weight
+// [P, ceil(K / 2), kPanel] with `out_features` real columns, plus an optional float32 bias.
+inline torch::Tensor packed_linear_bf16(const torch::Tensor& x, const torch::Tensor& packed, int64_t out_features,
+                                        const c10::optional<torch::Tensor>& bias) {
+  tile16::check_packed(x, packed, tile16::kPanel, tile16::kPanel, out_features, torch::kInt);
+  const float* b = tile16::checked_bias(bias, out_features);
+  const int64_t M = x.size(0), K = x.size(1);
+  auto out = torch::empty({M, out_features}, x.options());
+  if (M == 0) return out;
+  if (K == 0) return b ? out.copy_(bias->unsqueeze(0).expand({M, out_features})) : out.zero_();
+  over_panels_bf16<tile16::kLinearVectors, tile16::kLinearRows, tile16::kPanel, tile16::LinearRows>(x, packed, b, out,
+                                                                                                   out_features);
+  return out;
+}
+
+// packed_silu_gate_up with bfloat16 products (weight packed as bfloat16 pairs, gate then up
+// columns per panel).
+inline torch::Tensor packed_silu_gate_up_bf16(const torch::Tensor& x, const torch::Tensor& packed, int64_t intermediate) {
+  tile16::check_packed(x, packed, 2 * tile16::kGatedHalf, tile16::kGatedHalf, intermediate, torch::kInt);
+  const int64_t M = x.size(0), K = x.size(1);
+  auto out = torch::empty({M, intermediate}, x.options());
+  if (M == 0) return out;
+  if (K == 0) return out.zero_();
+  over_panels_bf16<2 * tile16::kGatedVectors, tile16::kGatedRows, tile16::kGatedHalf, tile16::GatedRows>(
+      x, packed, nullptr, out, intermediate);
+  return out;
+}
+#endif

@@ -43,8 +43,8 @@ from .attention_cpu import _cpu_flags, _named, load_cpu_kernel
 from .dispatch import argmax
 from .linear_cpu import (
     PackedLinear,
-    bf16_linear_supported,
     linear,
+    onednn_bf16_supported,
     onednn_linear,
     pack_linear_weight,
 )
@@ -85,7 +85,7 @@ def greedy_head_supported(head: PackedLinear) -> bool:
         and head.compute_dtype == torch.float32
         and not head.gated
         and has_bf16_dot_products()
-        and bf16_linear_supported()
+        and onednn_bf16_supported()
     )
 
 
@@ -108,7 +108,7 @@ def pack_greedy_head(head: PackedLinear, weight: torch.Tensor) -> GreedyHead:
     norms = torch.cat([weight[i : i + 4096].double().norm(dim=1) for i in rows]).mul_(1 + 1e-6).float()
     return GreedyHead(
         exact=head,
-        estimate=pack_linear_weight(weight, compute_dtype=torch.bfloat16),
+        estimate=pack_linear_weight(weight, "onednn", compute_dtype=torch.bfloat16),
         norms=norms,
         coef=_coef(head.in_features),
     )

@@ -23,14 +23,21 @@ sizes. The plain [out, in] weight `_mkl_linear` also takes is read only for its 
 zero-stride stand-in of that shape is passed and the plain copy is freed.
 (`jobs/bench/linear_kernel.py` measures the variants.)
 
-bfloat16 products (`RunnerConfig.linear_dtype`, opt-in): the float32 weight is rounded to
-bfloat16 and reordered once into oneDNN's blocked layout; each call rounds x to bfloat16, multiplies
-with float32 accumulation (AVX512-BF16's dot products where the CPU has them), and oneDNN rounds
-the result to bfloat16 (this torch has no float32-output variant on the CPU); `linear` widens it
-to float32 and adds the bias in float32. On this project's 2-core AVX-512 machine the projections of a
-SmolLM2 decode step took 2.5x less time than the packed float32 path at 64 and 256 rows
-(`jobs/bench/number_formats.py`), with a relative error of 3e-3 against float64 (float32's: 3e-7).
-Everything else (attention, norms, the KV cache, the residual stream) stays float32.
+bfloat16 products (`RunnerConfig.linear_dtype`, opt-in): where the CPU has AVX512-BF16, batchgen's
+own kernel (`packed_linear_bf16`, `packed_silu_gate_up_bf16` in `cpu_linear.h`): the weight is
+rounded to bfloat16 (to nearest even) once and packed in the float32 kernel's column panels as
+pairs of k; each call rounds x to bfloat16 and sums the exact products in float32 with AVX512-BF16
+dot products, one chain in k order per output (batch invariant, as the float32 kernel), and
+returns float32 without rounding the result. Measured on the 2-core AVX-512 AMD EPYC, 30 layers'
+projections: 17.5 ms at 64 rows against oneDNN's bfloat16 26.1 and the float32 kernel's 30.7; 66.5
+/ 73.5 / 112.7 at 256; 538 / 512 / 915 at 2,048. Elsewhere oneDNN: the float32 weight is rounded to
+bfloat16 and reordered once into its blocked layout; each call rounds x to bfloat16, multiplies
+with float32 accumulation, and oneDNN rounds the result to bfloat16 (this torch has no
+float32-output variant on the CPU); `linear` widens it to float32 and adds the bias in float32.
+On the 2-core AVX-512 Xeon oneDNN's projections of a SmolLM2 decode step took 2.5x less time than
+the packed float32 path at 64 and 256 rows (`jobs/bench/number_formats.py`), with a relative
+error of 3e-3 against float64 (float32's: 3e-7). Everything else (attention, norms, the KV cache,
+the residual stream) stays float32.
 
 batchgen's own packed kernel (`kernels/cpu_linear.h`, in the compiled CPU extension): the weight in
 column panels that a register-blocked AVX-512 kernel walks, asking for the next panel while it
@@ -60,10 +67,12 @@ from .attention_cpu import _named, is_cpu_kernel_available, load_cpu_kernel
 
 __all__ = [
     "PackedLinear",
+    "batchgen_bf16_linear",
     "batchgen_linear_panel",
     "bf16_linear_supported",
     "cpu_vendor",
     "linear",
+    "onednn_bf16_supported",
     "pack_linear_weight",
     "pack_silu_gate_up",
     "packed_linear_library",
@@ -154,9 +163,24 @@ def packed_linear_library() -> str | None:
 
 
 @functools.cache
+def batchgen_bf16_linear() -> bool:
+    """Whether this machine's build of the CPU extension has batchgen's bfloat16 linear kernels
+    (a CPU with AVX512-BF16's dot products). Builds the extension on first use."""
+    return is_cpu_kernel_available() and hasattr(load_cpu_kernel(), "packed_linear_bf16")
+
+
+@functools.cache
 def bf16_linear_supported() -> bool:
-    """Whether this torch build and CPU run oneDNN's bfloat16 linear layers (AVX512-BF16, AMX, or
-    their emulation on AVX-512; oneDNN says no on CPUs without AVX-512)."""
+    """Whether bfloat16 linear layers run here: batchgen's kernel (AVX512-BF16), or this torch
+    build's oneDNN ones (AVX512-BF16, AMX, or their emulation on AVX-512; oneDNN says no on CPUs
+    without AVX-512)."""
+    return batchgen_bf16_linear() or onednn_bf16_supported()
+
+
+@functools.cache
+def onednn_bf16_supported() -> bool:
+    """Whether this torch build and CPU run oneDNN's bfloat16 linear layers (the greedy screen's
+    estimate and the bfloat16 path where batchgen's kernel is not built)."""
     dnn = torch.ops.mkldnn
     names = ("_reorder_linear_weight", "_linear_pointwise", "_is_mkldnn_bf16_supported")
     return bool(
@@ -169,14 +193,19 @@ def bf16_linear_supported() -> bool:
 def pack_linear_weight(
     weight: torch.Tensor, library: str | None = None, compute_dtype: torch.dtype = torch.float32
 ) -> PackedLinear:
-    """`weight` ([out, in], float32, CPU) packed for `linear`; `library` forces "mkl" or "onednn".
-    `compute_dtype` bfloat16 packs a bfloat16 copy for oneDNN (see the module docstring); raises
-    RuntimeError where `bf16_linear_supported()` is false."""
+    """`weight` ([out, in], float32, CPU) packed for `linear`; `library` forces "mkl", "onednn" or
+    "batchgen". `compute_dtype` bfloat16 packs a bfloat16 copy, for batchgen's bfloat16 kernel where
+    this build has it (`batchgen_bf16_linear`) unless `library` is "onednn", else for oneDNN (see
+    the module docstring); raises RuntimeError where `bf16_linear_supported()` is false."""
     if weight.dtype != torch.float32 or weight.device.type != "cpu" or weight.dim() != 2:
         raise ValueError(f"pack_linear_weight takes a 2-D float32 CPU tensor, got {weight.dtype} {tuple(weight.shape)}")
     if compute_dtype == torch.bfloat16:
-        if not bf16_linear_supported():
-            raise RuntimeError("bfloat16 linear layers need oneDNN with bfloat16 support (a CPU with AVX-512)")
+        if library in (None, "batchgen") and batchgen_bf16_linear():
+            return _pack_panels(weight, compute_dtype=torch.bfloat16)
+        if library == "batchgen":
+            raise RuntimeError("batchgen's bfloat16 linear kernel needs a CPU with AVX512-BF16")
+        if not onednn_bf16_supported():
+            raise RuntimeError("bfloat16 linear layers need AVX512-BF16 or oneDNN with bfloat16 support (a CPU with AVX-512)")
         packed = torch.ops.mkldnn._reorder_linear_weight(weight.contiguous().to(torch.bfloat16), _PACK_ROWS)
         return PackedLinear(packed=packed, shape=_shape_of(weight), library="onednn", compute_dtype=torch.bfloat16)
     if compute_dtype != torch.float32:
@@ -194,15 +223,33 @@ def pack_linear_weight(
     return PackedLinear(packed=packed, shape=_shape_of(weight), library=library)
 
 
-def _pack_panels(weight: torch.Tensor, panel: int | None = None) -> PackedLinear:
+def _pack_panels(
+    weight: torch.Tensor, panel: int | None = None, compute_dtype: torch.dtype = torch.float32
+) -> PackedLinear:
     """[out, in] as batchgen's kernel reads it: [P, in, panel], panel p holding output columns
-    p * panel .. p * panel + panel - 1 (zeros past out). `panel`: this machine's build's width
-    unless given (tests pack for other builds)."""
+    p * panel .. p * panel + panel - 1 (zeros past out); for bfloat16 products (`compute_dtype`)
+    [P, ceil(in / 2), panel] pairs of bfloat16 (`_as_bf16_pairs`). `panel`: this machine's build's
+    width unless given (tests pack for other builds)."""
     panel = panel or batchgen_linear_panel()
     if not panel:
         raise RuntimeError("batchgen's packed linear kernel needs the compiled CPU extension on a CPU with AVX2")
-    packed = _in_panels(weight, panel).transpose(1, 2).contiguous()
-    return PackedLinear(packed=packed, shape=_shape_of(weight), library="batchgen")
+    panels = _in_panels(weight, panel)
+    if compute_dtype == torch.bfloat16:
+        return PackedLinear(
+            packed=_as_bf16_pairs(panels), shape=_shape_of(weight), library="batchgen", compute_dtype=torch.bfloat16
+        )
+    return PackedLinear(packed=panels.transpose(1, 2).contiguous(), shape=_shape_of(weight), library="batchgen")
+
+
+def _as_bf16_pairs(panels: torch.Tensor) -> torch.Tensor:
+    """[P, panel, in] float32 rounded to bfloat16 (to nearest even) and laid out as the bfloat16
+    kernel reads it: [P, ceil(in / 2), panel] int32, each unit the pair k = 2i, 2i + 1 of one
+    column (a zero past the last k where `in` is odd)."""
+    p, panel, in_features = panels.shape
+    even = panels.new_zeros(p, panel, in_features + in_features % 2, dtype=torch.bfloat16)
+    even[..., :in_features] = panels
+    pairs = even.view(p, panel, -1, 2).permute(0, 2, 1, 3).contiguous()  # [P, in / 2, panel, 2]
+    return pairs.view(torch.int32).squeeze(-1)
 
 
 def _in_panels(rows: torch.Tensor, panel: int) -> torch.Tensor:
@@ -219,17 +266,25 @@ def _shape_of(weight: torch.Tensor) -> torch.Tensor:
     return torch.empty(1, 1, dtype=torch.float32).expand(weight.shape)
 
 
-def pack_silu_gate_up(weight: torch.Tensor) -> PackedLinear:
+def pack_silu_gate_up(weight: torch.Tensor, compute_dtype: torch.dtype = torch.float32) -> PackedLinear:
     """A gated MLP's fused [gate | up] ([2n, in], float32) packed for `silu_gate_up`: panels of
-    the kernel's half width of gate columns, each followed by the same up columns (zeros past n).
-    Raises RuntimeError where batchgen's kernel is not built here."""
+    the kernel's half width of gate columns, each followed by the same up columns (zeros past n);
+    `compute_dtype` bfloat16 for bfloat16 products (as `pack_linear_weight`'s). Raises
+    RuntimeError where batchgen's kernel (for bfloat16: its bfloat16 kernel) is not built here."""
     if weight.dtype != torch.float32 or weight.device.type != "cpu" or weight.dim() != 2 or weight.shape[0] % 2:
         raise ValueError(f"pack_silu_gate_up takes a 2-D float32 CPU [2n, in] tensor, got {weight.dtype} {tuple(weight.shape)}")
     half = _gated_panel_half()
     if not half:
         raise RuntimeError("batchgen's gated linear kernel needs the compiled CPU extension on a CPU with AVX2")
     gate, up = weight.chunk(2)
-    packed = torch.cat([_in_panels(gate, half), _in_panels(up, half)], dim=1).transpose(1, 2).contiguous()
+    panels = torch.cat([_in_panels(gate, half), _in_panels(up, half)], dim=1)  # [P, gate | up, in]
+    if compute_dtype == torch.bfloat16:
+        if not batchgen_bf16_linear():
+            raise RuntimeError("batchgen's bfloat16 gated kernel needs a CPU with AVX512-BF16")
+        return PackedLinear(
+            packed=_as_bf16_pairs(panels), shape=_shape_of(weight), library="batchgen", compute_dtype=torch.bfloat16, gated=True
+        )
+    packed = panels.transpose(1, 2).contiguous()
     return PackedLinear(packed=packed, shape=_shape_of(weight), library="batchgen", gated=True)  # [P, in, gate | up]
 
 
@@ -242,8 +297,10 @@ def silu_gate_up(x: torch.Tensor, weight: PackedLinear) -> torch.Tensor:
     `silu_and_mul` of `linear` over the weight packed plainly, without the [T, 2n] product."""
     if not weight.gated:
         raise ValueError("silu_gate_up takes a weight packed by pack_silu_gate_up")
+    kernel = load_cpu_kernel()
+    run = kernel.packed_silu_gate_up_bf16 if weight.compute_dtype == torch.bfloat16 else kernel.packed_silu_gate_up
     with _named("batchgen::packed_linear_cpu"):
-        out: torch.Tensor = load_cpu_kernel().packed_silu_gate_up(x.contiguous(), weight.packed, weight.out_features // 2)
+        out: torch.Tensor = run(x.contiguous(), weight.packed, weight.out_features // 2)
     return out
 
 
@@ -279,6 +336,10 @@ def linear(x: torch.Tensor, weight: torch.Tensor | PackedLinear, bias: torch.Ten
         raise ValueError("a gate/up weight packed for silu_gate_up is not a linear layer's: call silu_gate_up")
     x = x.contiguous()
     out: torch.Tensor
+    if weight.compute_dtype == torch.bfloat16 and weight.library == "batchgen":
+        with _named("batchgen::packed_linear_cpu"):
+            out = load_cpu_kernel().packed_linear_bf16(x, weight.packed, weight.out_features, bias)
+        return out
     if weight.compute_dtype == torch.bfloat16:
         out = onednn_linear(x.to(torch.bfloat16), weight.packed).float()
         return out if bias is None else out.add_(bias)

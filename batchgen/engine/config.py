@@ -93,9 +93,10 @@ class RunnerConfig:
     """Where and how the model runs. None picks a default for the device (float32 on CPU).
 
     linear_dtype "bfloat16" (opt-in; CPU, float32 model): the linear layers take bfloat16 operands
-    (float32 accumulation, result rounded to bfloat16 and widened), everything else stays float32;
-    about 2.5x faster projections on an AVX-512 CPU, at a relative error of about 3e-3 a product
-    (greedy tokens can differ from float32's). None or "float32": in the model's dtype.
+    with float32 sums (batchgen's kernel where the CPU has AVX512-BF16, float32 result; else
+    oneDNN's, result rounded to bfloat16 and widened), everything else stays float32; 1.7-2.5x
+    faster projections on an AVX-512 CPU, at a relative error of about 3e-3 a product (greedy
+    tokens can differ from float32's). None or "float32": in the model's dtype.
     """
 
     device: str | None = None

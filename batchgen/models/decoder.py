@@ -142,7 +142,7 @@ class DecoderModel:
             raise ValueError(f"linear_dtype bfloat16 packs the CPU's linear layers, which this model does not ({where})")
         if not bf16_linear_supported():
             raise RuntimeError(
-                "linear_dtype bfloat16: this CPU or torch build has no oneDNN bfloat16 linear layers (they need AVX-512)"
+                "linear_dtype bfloat16: this CPU or torch build has no bfloat16 linear layers (batchgen's need AVX512-BF16, oneDNN's AVX-512)"
             )
 
     def _choose_backend(self, requested: Backend | None, notes: list[str]) -> Backend | None:

@@ -11,6 +11,8 @@ once for MKL's sgemm, `kernels/linear_cpu.py`):
 - bf16 plain / bf16 onednn: bfloat16 activations and weights through `F.linear`, and through
   oneDNN with the weight reordered once (`torch.ops.mkldnn._linear_pointwise`), which is where
   AVX512-BF16 would be used.
+- bf16 packed (batchgen): batchgen's bfloat16 kernel (`linear_dtype: bfloat16` where the CPU has
+  AVX512-BF16): bfloat16 operands, float32 sums and result.
 - f16 onednn: the same with float16 (AVX512-FP16).
 - int8 dynamic: W8A8 with per-row dynamic activation scales (`torch.ao` dynamic quantized
   Linear, engine x86/fbgemm or onednn: VNNI).
@@ -33,7 +35,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from batchgen.kernels.linear_cpu import linear, pack_linear_weight
+from batchgen.kernels.linear_cpu import batchgen_bf16_linear, linear, pack_linear_weight
 
 SHAPES = {
     # (hidden, intermediate, heads, kv heads, head_dim, vocab, layers)
@@ -76,6 +78,9 @@ def _variants(w: torch.Tensor) -> dict[str, Callable[[torch.Tensor], torch.Tenso
     out["f32 plain"] = lambda x: F.linear(x, w)
     wb = w.to(torch.bfloat16)
     out["bf16 plain"] = lambda x: F.linear(x.to(torch.bfloat16), wb)
+    if batchgen_bf16_linear():
+        packed_bf16 = pack_linear_weight(w, "batchgen", compute_dtype=torch.bfloat16)
+        out["bf16 packed (batchgen)"] = lambda x: linear(x, packed_bf16)
     dnn = torch.ops.mkldnn
     if torch.backends.mkldnn.is_available():  # type: ignore[no-untyped-call]
         for name, dt in (("bf16 onednn", torch.bfloat16), ("f16 onednn", torch.float16)):

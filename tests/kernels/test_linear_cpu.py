@@ -242,10 +242,14 @@ def test_model_packs_on_cpu_float32_and_the_torch_backend_keeps_the_reference(tm
     assert not build(None, torch.bfloat16).packed_linear
 
 
-needs_bf16 = pytest.mark.skipif(not bf16_linear_supported(), reason="no oneDNN bfloat16 linear layers on this CPU")
+needs_bf16 = pytest.mark.skipif(not bf16_linear_supported(), reason="no bfloat16 linear layers on this CPU")
+needs_onednn_bf16 = pytest.mark.skipif(
+    not linear_cpu.onednn_bf16_supported(), reason="no oneDNN bfloat16 linear layers on this CPU"
+)
+needs_bf16_kernel = pytest.mark.skipif(not linear_cpu.batchgen_bf16_linear(), reason="no AVX512-BF16 on this CPU")
 
 
-@needs_bf16
+@needs_onednn_bf16
 @pytest.mark.parametrize("rows", [1, 3, 17, 64, 257])
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_bf16_linear_is_the_bf16_product_widened_then_the_float32_bias(rows: int, with_bias: bool) -> None:
@@ -258,7 +262,7 @@ def test_bf16_linear_is_the_bf16_product_widened_then_the_float32_bias(rows: int
     weight = torch.randn(96, 200, generator=gen)
     bias = torch.randn(96, generator=gen) if with_bias else None
     x = torch.randn(rows, 200, generator=gen)
-    packed = pack_linear_weight(weight, compute_dtype=torch.bfloat16)
+    packed = pack_linear_weight(weight, "onednn", compute_dtype=torch.bfloat16)
     assert packed.compute_dtype == torch.bfloat16 and packed.library == "onednn"
     assert (packed.out_features, packed.in_features) == (96, 200)
     out = linear(x, packed, bias)
@@ -283,11 +287,87 @@ def test_bf16_linear_takes_a_strided_input_and_refuses_other_compute_dtypes() ->
 
 
 def test_bf16_packing_without_support_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    import batchgen.kernels.linear_cpu as linear_cpu
-
-    monkeypatch.setattr(linear_cpu, "bf16_linear_supported", lambda: False)
-    with pytest.raises(RuntimeError, match="bfloat16 linear layers need oneDNN"):
+    monkeypatch.setattr(linear_cpu, "batchgen_bf16_linear", lambda: False)
+    monkeypatch.setattr(linear_cpu, "onednn_bf16_supported", lambda: False)
+    with pytest.raises(RuntimeError, match="bfloat16 linear layers need AVX512-BF16 or oneDNN"):
         linear_cpu.pack_linear_weight(torch.randn(4, 4), compute_dtype=torch.bfloat16)
+    with pytest.raises(RuntimeError, match="bfloat16 linear kernel needs a CPU with AVX512-BF16"):
+        linear_cpu.pack_linear_weight(torch.randn(4, 4), "batchgen", compute_dtype=torch.bfloat16)
+    with pytest.raises(RuntimeError, match="bfloat16 gated kernel needs a CPU with AVX512-BF16"):
+        linear_cpu.pack_silu_gate_up(torch.randn(8, 4), torch.bfloat16)
+
+
+def _bf16_reference(x: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The float64 product of the bfloat16-rounded operands, and the sum of its terms' sizes."""
+    xb, wb = x.bfloat16().double(), weight.bfloat16().double()
+    return xb @ wb.T, xb.abs() @ wb.abs().T
+
+
+@needs_bf16_kernel
+@pytest.mark.parametrize(("rows", "k"), [(1, 7), (3, 200), (17, 576), (64, 1536), (257, 200), (9, 4097)])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_bf16_kernel_sums_the_bf16_products_in_float32(rows: int, k: int, with_bias: bool) -> None:
+    # batchgen's bfloat16 kernel rounds x and the weight to bfloat16 (to nearest even), and sums
+    # their products in float32 (AVX512-BF16 dot products) without rounding the result to
+    # bfloat16. So the result is within float32 summation error (K terms, 2^-24 each, relative
+    # to the sum of the terms' sizes) of the float64 product of the rounded operands: a kernel
+    # that rounded its result to bfloat16 (2^-9 relative), skipped rounding x or the weight, or
+    # mis-laid the pairs fails that. K = 7 and 4,097 are odd (a zero pads the last pair); 4,097
+    # spans two of the kernel's k slices.
+    gen = torch.Generator().manual_seed(rows * k)
+    weight = torch.randn(101, k, generator=gen)
+    bias = torch.randn(101, generator=gen) if with_bias else None
+    x = torch.randn(rows, k, generator=gen)
+    packed = pack_linear_weight(weight, compute_dtype=torch.bfloat16)
+    assert (packed.library, packed.compute_dtype, packed.packed.dtype) == ("batchgen", torch.bfloat16, torch.int32)
+    assert (packed.out_features, packed.in_features) == (101, k)
+    out = linear(x, packed, bias)
+    assert out.shape == (rows, 101) and out.dtype == torch.float32
+    reference, size = _bf16_reference(x, weight)
+    if bias is not None:
+        reference, size = reference + bias.double(), size + bias.double().abs()
+    assert ((out.double() - reference).abs() <= (k + 2) * 2**-24 * size).all()
+    if 64 <= k <= 1536:  # the bound is tight enough to tell: the product with x left in float32 is outside it
+        unrounded = x.double() @ weight.bfloat16().double().T
+        assert ((unrounded - _bf16_reference(x, weight)[0]).abs() > (k + 2) * 2**-24 * size).any()
+
+
+@needs_bf16_kernel
+def test_bf16_kernel_rows_do_not_depend_on_the_batch() -> None:
+    # Each output is one chain of dot products in k order: a row's bits are the same alone, in a
+    # block of 8 rows or past the kernel's 256-row pass.
+    gen = torch.Generator().manual_seed(3)
+    weight, x = torch.randn(200, 333, generator=gen), torch.randn(300, 333, generator=gen)
+    packed = pack_linear_weight(weight, compute_dtype=torch.bfloat16)
+    full = linear(x, packed)
+    for r in (0, 7, 8, 255, 256, 299):
+        assert torch.equal(linear(x[r : r + 1], packed), full[r : r + 1])
+    assert torch.equal(linear(x[5:40], packed), full[5:40])
+
+
+@needs_bf16_kernel
+@pytest.mark.parametrize(("n", "k"), [(104, 65), (1536, 576)])
+def test_bf16_gated_kernel_equals_linear_then_silu_and_mul(n: int, k: int) -> None:
+    # The fused bfloat16 gate/up gives the bits of the bfloat16 linear over [gate | up] followed by
+    # silu_and_mul, as the float32 one does (whole 8-float groups: silu_and_mul's scalar tail is
+    # libm's exp).
+    gen = torch.Generator().manual_seed(n + k)
+    weight = torch.randn(2 * n, k, generator=gen)
+    gated = linear_cpu.pack_silu_gate_up(weight, torch.bfloat16)
+    plain = pack_linear_weight(weight, compute_dtype=torch.bfloat16)
+    assert gated.gated and gated.compute_dtype == torch.bfloat16 and not plain.gated
+    for rows in (1, 6, 7, 64, 300):
+        x = torch.randn(rows, k, generator=gen)
+        fused = linear_cpu.silu_gate_up(x, gated)
+        assert fused.shape == (rows, n) and torch.equal(fused, silu_and_mul(linear(x, plain)))
+
+
+@needs_bf16_kernel
+@needs_onednn_bf16
+def test_bf16_packs_for_batchgen_unless_onednn_is_asked() -> None:
+    weight = torch.randn(16, 8)
+    assert pack_linear_weight(weight, compute_dtype=torch.bfloat16).library == "batchgen"
+    assert pack_linear_weight(weight, "onednn", compute_dtype=torch.bfloat16).library == "onednn"
 
 
 def test_onednn_row_buckets() -> None:
