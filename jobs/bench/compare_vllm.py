@@ -3,6 +3,7 @@
 usage (batchgen's venv, repository root; vllm_cpu.sh sets everything up):
     python jobs/bench/compare_vllm.py --vllm-python VENV/bin/python --model-dir HF_DIR [--out-dir DIR]
                                       [--rounds 3] [--batchgen-model HF_DIR] [--batchgen-kv-cache-gib GIB]
+                                      [--batchgen-linear-dtype bfloat16]
 
 batchgen runs its built-in model (SmolLM2-135M; HF_DIR is its export by export_hf.py) unless
 `--batchgen-model` names a folder, normally the same HF_DIR (a random_model.py model, whose
@@ -102,6 +103,8 @@ def _batchgen_command(
         cmd += ["--model", args.batchgen_model]
     if args.batchgen_kv_cache_gib is not None:
         cmd += ["--kv-cache-gib", str(args.batchgen_kv_cache_gib)]
+    if args.batchgen_linear_dtype is not None:
+        cmd += ["--linear-dtype", args.batchgen_linear_dtype]
     return cmd
 
 
@@ -118,6 +121,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--batchgen-kv-cache-gib", type=float, help="batchgen's KV pool (default: the engine's)"
+    )
+    parser.add_argument(
+        "--batchgen-linear-dtype",
+        choices=("float32", "bfloat16"),
+        help="batchgen's linear_dtype (default: the model's, float32); bfloat16 is the opt-in format, "
+        "whose greedy tokens may differ from vLLM's float32 ones",
     )
     parser.add_argument("--out-dir", default="bench-out")
     parser.add_argument("--num-requests", type=int, default=64)

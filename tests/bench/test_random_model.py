@@ -198,10 +198,12 @@ def test_compare_vllm_passes_the_model_to_batchgen(tmp_path: Path) -> None:
     args: argparse.Namespace = compare._parser().parse_args(base)
     cmd = compare._batchgen_command(tmp_path, "single-turn", "single-turn.r1", args, True)
     assert "--model" not in cmd and "--kv-cache-gib" not in cmd  # the built-in model, as before
+    assert "--linear-dtype" not in cmd  # float32, as vLLM
     args = compare._parser().parse_args(
-        [*base, "--batchgen-model", "hf", "--batchgen-kv-cache-gib", "4"]
+        [*base, "--batchgen-model", "hf", "--batchgen-kv-cache-gib", "4", "--batchgen-linear-dtype", "bfloat16"]
     )
     cmd = compare._batchgen_command(tmp_path, "single-turn", "single-turn.r2", args, False)
     assert cmd[cmd.index("--model") + 1] == "hf"
     assert cmd[cmd.index("--kv-cache-gib") + 1] == "4.0"
+    assert cmd[cmd.index("--linear-dtype") + 1] == "bfloat16"
     assert cmd[cmd.index("--requests-in") + 1] == str(tmp_path / "single-turn.jsonl")
