@@ -293,6 +293,13 @@ class LLMEngine:
             num_blocks = budget // block_bytes
             if cache.kv_cache_memory_bytes is None:
                 num_blocks = min(num_blocks, sched.max_num_seqs * per_seq)
+                # The default's floor is one sequence of max_model_len, where the memory available
+                # holds it: the pool's pages are committed as blocks are written, so a pool above
+                # a quarter of that memory costs nothing until it is used (beside vLLM-CPU's 8 GiB
+                # pool, a quarter came to 414 blocks, too few for one 8,192-token sequence).
+                available = _available_memory_bytes()
+                if num_blocks < per_seq and (available is None or per_seq * block_bytes <= available):
+                    num_blocks = per_seq
         if num_blocks < per_seq:
             raise ValueError(
                 f"the KV pool ({num_blocks} blocks of {cache.block_size} tokens) cannot hold one "
