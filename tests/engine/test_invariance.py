@@ -66,3 +66,29 @@ def test_static_batching_gives_the_same_outputs(folder: Path) -> None:
     baseline, _ = run(folder, max_num_batched_tokens=None)
     static, _ = run(folder, batching="static", max_num_seqs=3)
     assert static == baseline
+
+
+def test_bf16_linear_layers_give_bit_identical_logprobs_across_batch_and_chunking(folder: Path) -> None:
+    # batchgen's bfloat16 kernel sums each output in one chain in k order, as the float32 one, so
+    # a token's logprob (not only its argmax) is the same bits whatever rows share its steps: the
+    # prefix cache on or off, whole prompts or chunks of 8 tokens, one request at a time.
+    from batchgen.kernels.linear_cpu import batchgen_bf16_linear
+
+    if not batchgen_bf16_linear():
+        pytest.skip("batchgen's bfloat16 kernel needs AVX512-BF16")
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=0)
+
+    def logprobs(**options: object) -> list[list[float]]:
+        llm = LLM(str(folder), seed=0, linear_dtype="bfloat16", **options)  # type: ignore[arg-type]
+        outs = llm.generate(workload(), params, use_tqdm=False)
+        rows = []
+        for o in outs:
+            ids, lps = o.outputs[0].token_ids, o.outputs[0].logprobs or []
+            rows.append([lp[t] for lp, t in zip(lps, ids, strict=True)])
+        return rows
+
+    baseline = logprobs(enable_prefix_caching=False, max_num_batched_tokens=None)
+    assert len(baseline) == 8 and all(len(r) == 12 for r in baseline)
+    assert logprobs(enable_prefix_caching=True, max_num_batched_tokens=None) == baseline
+    assert logprobs(enable_prefix_caching=False, max_num_batched_tokens=8) == baseline
+    assert logprobs(enable_prefix_caching=True, max_num_seqs=1) == baseline
