@@ -233,12 +233,16 @@ def _pack_panels(
     panel = panel or batchgen_linear_panel()
     if not panel:
         raise RuntimeError("batchgen's packed linear kernel needs the compiled CPU extension on a CPU with AVX2")
-    panels = _in_panels(weight, panel)
-    if compute_dtype == torch.bfloat16:
-        return PackedLinear(
-            packed=_as_bf16_pairs(panels), shape=_shape_of(weight), library="batchgen", compute_dtype=torch.bfloat16
-        )
-    return PackedLinear(packed=panels.transpose(1, 2).contiguous(), shape=_shape_of(weight), library="batchgen")
+    return _packed_panels(_in_panels(weight, panel), weight, compute_dtype)
+
+
+def _packed_panels(
+    panels: torch.Tensor, weight: torch.Tensor, compute_dtype: torch.dtype, *, gated: bool = False
+) -> PackedLinear:
+    """[P, panel, in] panels of `weight` as batchgen's kernel for `compute_dtype` reads them: float32
+    [P, in, panel], or bfloat16 pairs [P, ceil(in / 2), panel] (`_as_bf16_pairs`)."""
+    packed = _as_bf16_pairs(panels) if compute_dtype == torch.bfloat16 else panels.transpose(1, 2).contiguous()
+    return PackedLinear(packed=packed, shape=_shape_of(weight), library="batchgen", compute_dtype=compute_dtype, gated=gated)
 
 
 def _as_bf16_pairs(panels: torch.Tensor) -> torch.Tensor:
@@ -277,15 +281,10 @@ def pack_silu_gate_up(weight: torch.Tensor, compute_dtype: torch.dtype = torch.f
     if not half:
         raise RuntimeError("batchgen's gated linear kernel needs the compiled CPU extension on a CPU with AVX2")
     gate, up = weight.chunk(2)
+    if compute_dtype == torch.bfloat16 and not batchgen_bf16_linear():
+        raise RuntimeError("batchgen's bfloat16 gated kernel needs a CPU with AVX512-BF16")
     panels = torch.cat([_in_panels(gate, half), _in_panels(up, half)], dim=1)  # [P, gate | up, in]
-    if compute_dtype == torch.bfloat16:
-        if not batchgen_bf16_linear():
-            raise RuntimeError("batchgen's bfloat16 gated kernel needs a CPU with AVX512-BF16")
-        return PackedLinear(
-            packed=_as_bf16_pairs(panels), shape=_shape_of(weight), library="batchgen", compute_dtype=torch.bfloat16, gated=True
-        )
-    packed = panels.transpose(1, 2).contiguous()
-    return PackedLinear(packed=packed, shape=_shape_of(weight), library="batchgen", gated=True)  # [P, in, gate | up]
+    return _packed_panels(panels, weight, compute_dtype, gated=True)
 
 
 def _gated_panel_half() -> int:
@@ -336,16 +335,14 @@ def linear(x: torch.Tensor, weight: torch.Tensor | PackedLinear, bias: torch.Ten
         raise ValueError("a gate/up weight packed for silu_gate_up is not a linear layer's: call silu_gate_up")
     x = x.contiguous()
     out: torch.Tensor
-    if weight.compute_dtype == torch.bfloat16 and weight.library == "batchgen":
-        with _named("batchgen::packed_linear_cpu"):
-            out = load_cpu_kernel().packed_linear_bf16(x, weight.packed, weight.out_features, bias)
-        return out
-    if weight.compute_dtype == torch.bfloat16:
+    if weight.library == "batchgen":
+        kernel = load_cpu_kernel()
+        run = kernel.packed_linear_bf16 if weight.compute_dtype == torch.bfloat16 else kernel.packed_linear
+        with _named("batchgen::packed_linear_cpu"):  # a profiler sees the C++ call under this name
+            out = run(x, weight.packed, weight.out_features, bias)
+    elif weight.compute_dtype == torch.bfloat16:  # oneDNN's bfloat16
         out = onednn_linear(x.to(torch.bfloat16), weight.packed).float()
         return out if bias is None else out.add_(bias)
-    if weight.library == "batchgen":
-        with _named("batchgen::packed_linear_cpu"):  # a profiler sees the C++ call under this name
-            out = load_cpu_kernel().packed_linear(x, weight.packed, weight.out_features, bias)
     elif weight.library == "mkl":
         # The row count passed is x's own, so MKL always takes the packed path.
         out = torch.ops.mkl._mkl_linear(x, weight.packed, weight.shape, bias, x.shape[0])
