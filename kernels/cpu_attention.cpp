@@ -760,7 +760,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("intermediate"));
 #endif
   m.def("greedy_screen", &greedy_screen,
-        "each row's greedy token from bfloat16 logit estimates and float32 logits of the candidates (-1: undecided)",
+        "each row's greedy token from logit estimates (bfloat16 operands, float32) and float32 logits of the candidates (-1: undecided)",
         py::arg("estimates"), py::arg("x"), py::arg("packed"), py::arg("norms"), py::arg("coef"),
         py::arg("max_candidates"));
 #endif

@@ -2,29 +2,28 @@
 //
 // A greedy row needs only the index of its largest logit. The float32 logits come from the packed
 // linear kernel (cpu_linear.h), where each one is a single FMA chain in k order from zero, so any
-// one of them can be recomputed alone, bit for bit. kernels/linear_cpu.py first computes every
-// logit cheaply (bfloat16 operands, oneDNN) and passes that estimate `a` here, with a bound on how
-// far each estimate can be from the float32 logit f:
+// one of them can be recomputed alone, bit for bit. kernels/greedy_cpu.py first computes every
+// logit cheaply (bfloat16 operands, float32 sums: the packed bfloat16 kernel) and passes that
+// estimate `a` here, with a bound on how far each estimate can be from the float32 logit f:
 //
-//     |a_v - f_v| <= b_v = coef * |x| * |w_v|       (Euclidean norms; coef from the formats)
+//     |a_v - f_v| <= b_v = coef * |x| * |w_v| + t    (Euclidean norms; coef from the formats)
 //
-// The largest f_v is then among the candidates, the v with a_v + b_v >= max_u (a_u - b_u): for
-// the winner v*, a_v* + b_v* >= f_v* >= f_u >= a_u - b_u for every u. Only the candidates (a few
-// per row with a trained model's logits) are computed in float32, with the kernel's arithmetic,
-// and the largest wins, the lowest index among equals: torch.argmax's answer on the full row.
+// where t covers what the bfloat16 instructions flush to zero (see `flush_slack`). The largest
+// f_v is then among the candidates, the v with a_v + b_v >= max_u (a_u - b_u): for the winner v*,
+// a_v* + b_v* >= f_v* >= f_u >= a_u - b_u for every u. Only the candidates (a few per row with a
+// trained model's logits) are computed in float32, with the kernel's arithmetic, and the largest
+// wins, the lowest index among equals: torch.argmax's answer on the full row.
 //
 // A row comes back as -1 when it cannot be decided this way (a non-finite estimate or norm, or
 // more than max_candidates candidates): the caller computes that row's full logits.
 #pragma once
 
 #include <ATen/Parallel.h>
-#include <c10/util/BFloat16.h>
 #include <torch/extension.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -48,20 +47,31 @@ inline void exact_logits(const float* x, const float* packed, int64_t K, int64_t
   for (int64_t j = 0; j < n; ++j) out[j] = acc[j];
 }
 
-// One row: the token, or -1 (see the top of this file); `est` the row's bfloat16 estimates (their
-// bits), `hi` scratch for each estimate plus its bound (V floats).
-inline int64_t row_token(const uint16_t* est, const float* x, const float* packed, const float* norms,
+// The absolute part t of the bound: AVX512-BF16's conversion and dot products treat bfloat16
+// subnormals (magnitudes below 2^-126) as zero and flush subnormal results to zero. A flushed
+// x_k costs at most 2^-126 |w_k|, a flushed weight 2^-126 |x_k|, each flushed product or partial
+// sum at most 2^-126 (2K of them): in all at most 2^-126 (K max|w| + sum |x_k| + 2K), with
+// max|w| <= the largest row norm. Doubled, and never below 1e-30.
+inline double flush_slack(double l1, int64_t K, double max_norm) {
+  return std::max(1e-30, 0x1p-125 * (static_cast<double>(K) * (max_norm + 2.0) + l1));
+}
+
+// One row: the token, or -1 (see the top of this file); `est` the row's estimates, `hi` scratch
+// for each estimate plus its bound (V floats).
+inline int64_t row_token(const float* est, const float* x, const float* packed, const float* norms, double max_norm,
                          int64_t V, int64_t K, int64_t panel, double coef, int64_t max_candidates, float* hi,
                          std::vector<int64_t>& candidates) {
-  double sq = 0.0;
-  for (int64_t k = 0; k < K; ++k) sq += static_cast<double>(x[k]) * x[k];
+  double sq = 0.0, l1 = 0.0;
+  for (int64_t k = 0; k < K; ++k) sq += static_cast<double>(x[k]) * x[k], l1 += std::fabs(static_cast<double>(x[k]));
   // |x| rounded up; the bound's scale in float32, with room for the float32 sums below: each of
   // a_v +- b_v and the comparisons is one rounding (2^-24 relative), covered by the 2^-10 and the
   // 2^-20 * |a_v| added to every b_v.
   const double scale = coef * std::sqrt(sq) * (1.0 + 1e-6) * (1.0 + 0x1p-10);
   if (!std::isfinite(scale) || scale > 1e30) return -1;
   const float s = static_cast<float>(scale);
-  constexpr float kTiny = 1e-30f;  // products flushed to zero in bfloat16 (denormals)
+  const double slack = flush_slack(l1, K, max_norm);
+  if (!(slack < 1e30)) return -1;
+  const float kTiny = static_cast<float>(slack * (1.0 + 0x1p-10));
   float lo = -std::numeric_limits<float>::infinity();
   float bad = 0.f;  // NaN where an estimate is not finite
   int64_t v = 0;
@@ -70,8 +80,7 @@ inline int64_t row_token(const uint16_t* est, const float* x, const float* packe
     __m512 vlo = _mm512_set1_ps(lo), vbad = _mm512_setzero_ps();
     const __m512 vs = _mm512_set1_ps(s), eps = _mm512_set1_ps(0x1p-20f), tiny = _mm512_set1_ps(kTiny);
     for (; v + 16 <= V; v += 16) {
-      const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(est + v));
-      const __m512 e = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+      const __m512 e = _mm512_loadu_ps(est + v);
       vbad = _mm512_add_ps(vbad, _mm512_mul_ps(e, _mm512_setzero_ps()));
       const __m512 b = _mm512_add_ps(_mm512_add_ps(_mm512_mul_ps(vs, _mm512_loadu_ps(norms + v)),
                                                    _mm512_mul_ps(_mm512_abs_ps(e), eps)), tiny);
@@ -83,9 +92,7 @@ inline int64_t row_token(const uint16_t* est, const float* x, const float* packe
   }
 #endif
   for (; v < V; ++v) {
-    const uint32_t bits = static_cast<uint32_t>(est[v]) << 16;  // bfloat16 widened: its bits on top
-    float e;
-    std::memcpy(&e, &bits, sizeof(e));
+    const float e = est[v];
     bad += e * 0.f;
     const float b = s * norms[v] + std::fabs(e) * 0x1p-20f + kTiny;
     lo = std::max(lo, e - b);
@@ -128,7 +135,7 @@ inline int64_t row_token(const uint16_t* est, const float* x, const float* packe
 
 }  // namespace greedy
 
-// estimates bfloat16 [M, V] (x's logits with bfloat16 operands), x float32 [M, K], packed the LM
+// estimates float32 [M, V] (x's logits with bfloat16 operands), x float32 [M, K], packed the LM
 // head's float32 panels [P, K, panel] (cpu_linear.h's layout), norms float32 [V] (each column's
 // Euclidean norm, rounded up): int64 [M], each row's greedy token or -1 (see the top of the file).
 inline torch::Tensor greedy_screen(const torch::Tensor& estimates, const torch::Tensor& x, const torch::Tensor& packed,
@@ -138,26 +145,28 @@ inline torch::Tensor greedy_screen(const torch::Tensor& estimates, const torch::
                   packed.size(1) == x.size(1),
               "packed: contiguous [P, K, panel] float32 with x's K");
   const int64_t M = x.size(0), K = x.size(1), panel = packed.size(2);
-  TORCH_CHECK(estimates.dim() == 2 && estimates.scalar_type() == torch::kBFloat16 && estimates.is_contiguous() &&
+  TORCH_CHECK(estimates.dim() == 2 && estimates.scalar_type() == torch::kFloat && estimates.is_contiguous() &&
                   estimates.size(0) == M,
-              "estimates: contiguous [M, V] bfloat16");
+              "estimates: contiguous [M, V] float32");
   const int64_t V = estimates.size(1);
   TORCH_CHECK(V > 0 && V <= packed.size(0) * panel, "estimates: ", V, " columns, more than the packed weight's");
   TORCH_CHECK(norms.dim() == 1 && norms.size(0) == V && norms.scalar_type() == torch::kFloat && norms.is_contiguous(),
               "norms: contiguous [V] float32");
   TORCH_CHECK(coef > 0 && max_candidates > 0, "coef and max_candidates must be positive");
   auto out = torch::empty({M}, x.options().dtype(torch::kInt64));
-  const auto* est = reinterpret_cast<const uint16_t*>(estimates.data_ptr<c10::BFloat16>());
+  const float* est = estimates.data_ptr<float>();
   const float* xp = x.data_ptr<float>();
   const float* w = packed.data_ptr<float>();
   const float* n = norms.data_ptr<float>();
   int64_t* o = out.data_ptr<int64_t>();
+  double max_norm = 0.0;  // NaN stays (std::max keeps the first argument)
+  for (int64_t v = 0; v < V; ++v) max_norm = std::isnan(n[v]) ? n[v] : std::max<double>(max_norm, n[v]);
   at::parallel_for(0, M, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> hi(V);
     std::vector<int64_t> candidates;
     candidates.reserve(max_candidates);
     for (int64_t r = begin; r < end; ++r) {
-      o[r] = greedy::row_token(est + r * V, xp + r * K, w, n, V, K, panel, coef, max_candidates, hi.data(), candidates);
+      o[r] = greedy::row_token(est + r * V, xp + r * K, w, n, max_norm, V, K, panel, coef, max_candidates, hi.data(), candidates);
     }
   });
   return out;

@@ -179,8 +179,8 @@ def bf16_linear_supported() -> bool:
 
 @functools.cache
 def onednn_bf16_supported() -> bool:
-    """Whether this torch build and CPU run oneDNN's bfloat16 linear layers (the greedy screen's
-    estimate and the bfloat16 path where batchgen's kernel is not built)."""
+    """Whether this torch build and CPU run oneDNN's bfloat16 linear layers (the bfloat16 path where
+    batchgen's kernel is not built)."""
     dnn = torch.ops.mkldnn
     names = ("_reorder_linear_weight", "_linear_pointwise", "_is_mkldnn_bf16_supported")
     return bool(

@@ -230,8 +230,8 @@ def test_greedy_screen_builds_give_the_same_tokens() -> None:
         weight = torch.cat([base + 1e-2 * torch.randn(vocab // 2, in_features, generator=gen),
                             torch.randn(vocab - vocab // 2, in_features, generator=gen)])
         x = base + 0.3 * torch.randn(rows, in_features, generator=gen)
-        # bfloat16 estimates rounded from the float64 logits: within the bound as oneDNN's are
-        estimates = (x.double() @ weight.double().T).to(torch.bfloat16)
+        # the float64 logits rounded to bfloat16: within the bound (u of each, coef is over 2u)
+        estimates = (x.double() @ weight.double().T).to(torch.bfloat16).float()
         norms = weight.double().norm(dim=1).mul(1 + 1e-6).float()
         picked = []
         for module, panel in ((halves, 16), (avx512, 48)):
