@@ -1,6 +1,7 @@
 """Profile decode steps at full batch on a workload: where a step's time goes.
 
 usage: PYTHONPATH=. python jobs/bench/profile_step.py [--workload multi-turn] [--steps 3] [--backend torch]
+       [--model HF_FOLDER_OR_GGUF]
 
 Queues the workload's requests (64 by default) into an engine with default settings, steps
 until every sequence is decoding, then runs `--steps` decode steps under torch.profiler and
@@ -46,6 +47,7 @@ def _category(name: str) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--workload", default="multi-turn")
+    parser.add_argument("--model", default=None, help="HF folder or .gguf (default: the built-in SmolLM2-135M)")
     parser.add_argument("--num-requests", type=int, default=64)
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--threads", type=int, default=None)
@@ -53,7 +55,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    checkpoint = load_checkpoint(None)
+    checkpoint = load_checkpoint(args.model)
+    num_params = sum(t.numel() for t in checkpoint.weights.values())  # a tied head counted once
     requests = build_workload(args.workload, checkpoint.tokenizer, num_requests=args.num_requests, max_tokens=128)
     scheduler_config = SchedulerConfig()
     engine = LLMEngine(
@@ -132,7 +135,7 @@ def main() -> None:
     print(f"  {'host':<10}{host:>9.1f} ms  {host / wall_ms:6.1%}   (step wall minus time in torch ops)")
     print(f"  without the profiler: step {plain_ms:.1f} ms, outside the forward pass {outside_ms:.1f} ms "
           f"({outside_ms / plain_ms:.1%}: scheduler, step arrays, sampler, detokenizer)")
-    gflop = 2 * 134.5e6 * engine.scheduler.num_running / 1e9
+    gflop = 2 * num_params * engine.scheduler.num_running / 1e9
     print(f"  GEMM rate {gflop / (per_cat['gemm'] / 1e3):.0f} GFLOP/s ({gflop:.1f} GFLOP per step)")
     print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=12))
 
