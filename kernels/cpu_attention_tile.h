@@ -123,6 +123,19 @@ __attribute__((noinline)) void scores(const float* const* q, const float* kt, in
   for (int i = 0; i < 2 * R; ++i) s[i] = acc[i];
 }
 
+// _mm512_loadu_ps into a register of its own. GCC folds a plain load into each FMA that uses it,
+// which in pv below is R loads of one V vector where one will do (measured: a prefill tile's
+// P V pass issued 20 loads per 16 FMAs and waited on the load ports).
+inline __m512 load_kept(const float* p) {
+#if !defined(BATCHGEN_TILE16_HALVES) && !defined(BATCHGEN_EMULATE_AVX512)
+  __m512 v;
+  __asm__("vmovups %1, %0" : "=v"(v) : "m"(*reinterpret_cast<const float(*)[16]>(p)));
+  return v;
+#else
+  return _mm512_loadu_ps(p);
+#endif
+}
+
 // acc_r[c] = acc_r[c] * alpha_r + sum_j p_r[j] v_j[c] for R rows and C 16-float columns; v_j is
 // row j of the span: the first block's rows, then the second's.
 template <int R, int C>
@@ -137,7 +150,10 @@ inline void pv(float* const* acc, const float* alpha, const float* const* p, con
     const float* v0 = vb[half];
     for (int64_t j = 0; j < counts[half]; ++j) {
       __m512 v[C];
-      for (int c = 0; c < C; ++c) v[c] = _mm512_loadu_ps(v0 + j * stride + 16 * c);
+      for (int c = 0; c < C; ++c) {
+        // (kept where the R x C accumulators leave registers for them: not for decode's 6 rows)
+        v[c] = R * C + C <= 20 ? load_kept(v0 + j * stride + 16 * c) : _mm512_loadu_ps(v0 + j * stride + 16 * c);
+      }
       for (int r = 0; r < R; ++r) {
         const __m512 pj = _mm512_set1_ps(p[r][16 * half + j]);
         for (int c = 0; c < C; ++c) a[r][c] = _mm512_fmadd_ps(pj, v[c], a[r][c]);
