@@ -127,6 +127,21 @@ def test_values_the_bfloat16_instructions_flush_to_zero_stay_candidates() -> Non
     assert torch.equal(greedy_tokens(x, head), ref)
 
 
+def test_random_rows_with_flushed_values_give_the_float32_argmax() -> None:
+    # The class of the case above: x of float32 subnormals (flushed to zero by AVX512-BF16) with a
+    # few normal values just above them, heads whose rows mix large weights on the subnormal
+    # coordinates and ordinary ones elsewhere. The estimates drop the subnormal terms; the
+    # screen must still return the float32 argmax on every row.
+    gen = torch.Generator().manual_seed(9)
+    for trial in range(20):
+        k, vocab = 8 + trial, 64
+        weight = torch.randn(vocab, k, generator=gen) * 10.0 ** torch.randint(0, 12, (vocab, 1), generator=gen)
+        x = torch.rand(32, k, generator=gen) * 1e-38  # subnormal in float32 and bfloat16
+        x[:, : k // 4] = (torch.rand(32, k // 4, generator=gen) + 1) * 1.2e-38  # normal, barely
+        head = _head(weight)
+        assert torch.equal(greedy_tokens(x, head), _reference(x, head)), f"trial {trial}"
+
+
 def test_rows_it_cannot_decide_take_the_full_product(monkeypatch: pytest.MonkeyPatch) -> None:
     # A head of near-equal rows leaves every token a candidate (more than the screen computes);
     # non-finite x gives non-finite estimates. Those rows, and only those, take the full product,
