@@ -90,8 +90,9 @@ constexpr int64_t kTileQWide = 64;
 // Items with at least this many query rows (prefill tiles) take the tile path.
 constexpr int64_t kMinTileRows = 8;
 // How many runs ahead run_decode_slice asks for a block's lines into L2 (measured on decode
-// steps at batch 64 from memory: 2-6 alike, all faster than none).
-constexpr int64_t kL2Ahead = 4;
+// steps at batch 64 from memory, with the next block's L1 requests spread over the scores'
+// loop: 8 and 12 alike, 4 and 16 slower, all faster than none).
+constexpr int64_t kL2Ahead = 8;
 
 struct Item {
   int64_t seq;      // -1: a decode slice, the sequences decode[q_begin, q_end) in paged_attention
@@ -439,9 +440,12 @@ void run_decode_slice(const int64_t* seqs, int64_t count, int64_t kv_head, const
     // Blocks sit anywhere in the pool, where no hardware prefetcher can guess them: the next
     // run's block is asked into L1, and the one kL2Ahead runs on into L2, so that several
     // blocks' lines are in flight while this one is computed (L1 alone holds too few misses).
-    if (k + 1 < num_runs) {
-      prefetch_block<3>(k_cache + offset(runs[k + 1].id), v_cache + offset(runs[k + 1].id), block_floats);
-    }
+    // On the tile path the next block's L1 requests go out a line at a time inside the first
+    // chunk's score loop (decode_rows): issued all at once before it, they filled the miss
+    // queue and stalled this block's own loads (a batch-64 decode step from memory 10-15%
+    // slower, `jobs/bench/attention_kernel.py --cases decode multi_turn`).
+    const float* next_kt = k + 1 < num_runs ? k_cache + offset(runs[k + 1].id) : nullptr;
+    const float* next_vb = k + 1 < num_runs ? v_cache + offset(runs[k + 1].id) : nullptr;
     if (k + kL2Ahead < num_runs) {
       prefetch_block<2>(k_cache + offset(runs[k + kL2Ahead].id), v_cache + offset(runs[k + kL2Ahead].id),
                         block_floats);
@@ -464,7 +468,9 @@ void run_decode_slice(const int64_t* seqs, int64_t count, int64_t kv_head, const
       for (int64_t r = i * group; r <= j * group; ++r) {
         const bool end = r == j * group;
         if (chunk > 0 && (end || chunk == kChunk || visible(r) != chunk_n || first(r) != chunk_first)) {
-          tile16::decode_rows_n(chunk, qs, kt, vb, chunk_first, chunk_n, head_dim, rule, m + r0, l + r0, accs);
+          tile16::decode_rows_n(chunk, qs, kt, vb, chunk_first, chunk_n, head_dim, rule, m + r0, l + r0, accs,
+                                next_kt, next_vb);
+          next_kt = next_vb = nullptr;  // asked for once per run
           chunk = 0;
         }
         if (end) break;
@@ -475,6 +481,7 @@ void run_decode_slice(const int64_t* seqs, int64_t count, int64_t kv_head, const
       continue;
     }
 #endif
+    if (next_kt != nullptr) prefetch_block<3>(next_kt, next_vb, block_floats);
     for (int64_t r = i * group; r < j * group; ++r) {
       row_block(q_row(r), kt, vb, block_size, first(r), visible(r), head_dim, rule, scores, m[r], l[r],
                 acc + r * head_dim);

@@ -196,12 +196,19 @@ inline void prefetch_block(const float* k, const float* v, int64_t head_dim) {
 // one sequence's rows (R = 3) keep 12 FMA chains in flight; they are added as (s0 + s1) +
 // (s2 + s3). A row's arithmetic does not depend on R or on the rows beside it.
 template <int R>
-inline void block_scores(const float* const* q, const float* kt, int64_t head_dim, __m512* s) {
+inline void block_scores(const float* const* q, const float* kt, int64_t head_dim, __m512* s,
+                         const float* next_kt, const float* next_vb) {
   __m512 a[R][4];
   for (int r = 0; r < R; ++r) {
     for (int c = 0; c < 4; ++c) a[r][c] = _mm512_setzero_ps();
   }
   for (int64_t d = 0; d < head_dim; d += 4) {
+    if (next_kt != nullptr) {  // one line of each a K row: the whole next block by the loop's end
+      for (int c = 0; c < 4; ++c) {
+        __builtin_prefetch(next_kt + (d + c) * 16, 0, 3);
+        __builtin_prefetch(next_vb + (d + c) * 16, 0, 3);
+      }
+    }
     for (int c = 0; c < 4; ++c) {
       const __m512 k = _mm512_loadu_ps(kt + (d + c) * 16);
       for (int r = 0; r < R; ++r) a[r][c] = _mm512_fmadd_ps(_mm512_set1_ps(q[r][d + c]), k, a[r][c]);
@@ -219,9 +226,10 @@ inline void block_scores(const float* const* q, const float* kt, int64_t head_di
 // its blocks.
 template <int R>
 inline void decode_rows(const float* const* q, const float* kt, const float* vb, int64_t first, int64_t n,
-                        int64_t head_dim, const ScoreRule& rule, float* m, float* l, float* const* acc) {
+                        int64_t head_dim, const ScoreRule& rule, float* m, float* l, float* const* acc,
+                        const float* next_kt, const float* next_vb) {
   __m512 sc[R];
-  block_scores<R>(q, kt, head_dim, sc);
+  block_scores<R>(q, kt, head_dim, sc, next_kt, next_vb);
   const uint32_t below_n = n >= 16 ? 0xFFFFu : (1u << n) - 1u;
   const __mmask16 valid = static_cast<__mmask16>(below_n & ~((1u << first) - 1u));
   const __m512 minus_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
@@ -253,14 +261,14 @@ inline void decode_rows(const float* const* q, const float* kt, const float* vb,
 // decode_rows for a runtime row count 1 <= rows <= kDecodeRows.
 inline void decode_rows_n(int64_t rows, const float* const* q, const float* kt, const float* vb, int64_t first,
                           int64_t n, int64_t head_dim, const ScoreRule& rule, float* m, float* l,
-                          float* const* acc) {
+                          float* const* acc, const float* next_kt = nullptr, const float* next_vb = nullptr) {
   switch (rows) {
-    case 6: decode_rows<6>(q, kt, vb, first, n, head_dim, rule, m, l, acc); break;
-    case 5: decode_rows<5>(q, kt, vb, first, n, head_dim, rule, m, l, acc); break;
-    case 4: decode_rows<4>(q, kt, vb, first, n, head_dim, rule, m, l, acc); break;
-    case 3: decode_rows<3>(q, kt, vb, first, n, head_dim, rule, m, l, acc); break;
-    case 2: decode_rows<2>(q, kt, vb, first, n, head_dim, rule, m, l, acc); break;
-    default: decode_rows<1>(q, kt, vb, first, n, head_dim, rule, m, l, acc); break;
+    case 6: decode_rows<6>(q, kt, vb, first, n, head_dim, rule, m, l, acc, next_kt, next_vb); break;
+    case 5: decode_rows<5>(q, kt, vb, first, n, head_dim, rule, m, l, acc, next_kt, next_vb); break;
+    case 4: decode_rows<4>(q, kt, vb, first, n, head_dim, rule, m, l, acc, next_kt, next_vb); break;
+    case 3: decode_rows<3>(q, kt, vb, first, n, head_dim, rule, m, l, acc, next_kt, next_vb); break;
+    case 2: decode_rows<2>(q, kt, vb, first, n, head_dim, rule, m, l, acc, next_kt, next_vb); break;
+    default: decode_rows<1>(q, kt, vb, first, n, head_dim, rule, m, l, acc, next_kt, next_vb); break;
   }
 }
 
