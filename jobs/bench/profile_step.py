@@ -1,12 +1,16 @@
 """Profile decode steps at full batch on a workload: where a step's time goes.
 
 usage: PYTHONPATH=. python jobs/bench/profile_step.py [--workload multi-turn] [--steps 3] [--backend torch]
-       [--model HF_FOLDER_OR_GGUF]
+       [--model HF_FOLDER_OR_GGUF] [--whole-run]
 
 Queues the workload's requests (64 by default) into an engine with default settings, steps
 until every sequence is decoding, then runs `--steps` decode steps under torch.profiler and
 prints milliseconds per step by category (GEMMs, attention, KV writes, norms and RoPE,
 SiLU-and-multiply, other ops, sampler, host work = step wall time minus the time inside torch ops).
+
+--whole-run instead runs the workload to the end (as `batchgen bench` does: greedy, 128 new
+tokens each), once plainly for its wall time and once under the profiler, and prints seconds by
+category for the steps that compute prompt tokens and for the decode-only steps apart.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ import time
 from collections import defaultdict
 
 import torch
-from torch.profiler import ProfilerActivity, profile
+from torch.profiler import ProfilerActivity, profile, record_function
 
 from batchgen.data.workloads import build_workload
 from batchgen.engine.config import CacheConfig, RunnerConfig, SchedulerConfig
@@ -52,12 +56,16 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--backend", default=None, help="attention backend: torch (the reference path), cpu; default: the engine's")
+    parser.add_argument("--whole-run", action="store_true", help="profile a whole run of the workload, by kind of step")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     checkpoint = load_checkpoint(args.model)
     num_params = sum(t.numel() for t in checkpoint.weights.values())  # a tied head counted once
     requests = build_workload(args.workload, checkpoint.tokenizer, num_requests=args.num_requests, max_tokens=128)
+    if args.whole_run:
+        _whole_run(args, checkpoint, requests)
+        return
     scheduler_config = SchedulerConfig()
     engine = LLMEngine(
         checkpoint, scheduler_config=scheduler_config, cache_config=CacheConfig(), runner_config=RunnerConfig(attention_backend=args.backend)
@@ -138,6 +146,53 @@ def main() -> None:
     gflop = 2 * num_params * engine.scheduler.num_running / 1e9
     print(f"  GEMM rate {gflop / (per_cat['gemm'] / 1e3):.0f} GFLOP/s ({gflop:.1f} GFLOP per step)")
     print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=12))
+
+
+def _whole_run(args: argparse.Namespace, checkpoint: object, requests: list) -> None:  # type: ignore[type-arg]
+    def run(prof: profile | None) -> tuple[float, list[bool]]:
+        engine = LLMEngine(
+            checkpoint,  # type: ignore[arg-type]
+            scheduler_config=SchedulerConfig(), cache_config=CacheConfig(),
+            runner_config=RunnerConfig(attention_backend=args.backend),
+        )  # fmt: skip
+        for r in requests:
+            engine.add_request(list(r.prompt_token_ids), SamplingParams(temperature=0, max_tokens=r.max_tokens, ignore_eos=True))
+        kinds: list[bool] = []  # per step: did it compute prompt tokens
+        start = time.perf_counter()
+        while engine.has_unfinished():
+            before = engine.stats().prefill_tokens_computed
+            with record_function(f"step {len(kinds)}"):
+                engine.step()
+            kinds.append(engine.stats().prefill_tokens_computed > before)
+        return time.perf_counter() - start, kinds
+
+    plain_s, _ = run(None)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        profiled_s, kinds = run(prof)
+    # each op's self time goes to the step (the record_function range) it ran under
+    per: dict[tuple[bool, str], float] = defaultdict(float)
+    steps: dict[bool, float] = defaultdict(float)
+    for evt in prof.events():
+        if evt.name.startswith("step "):
+            steps[kinds[int(evt.name[5:])]] += evt.cpu_time_total / 1e6
+            continue
+        root = evt
+        while root.cpu_parent is not None:
+            root = root.cpu_parent
+        if root.name.startswith("step "):
+            per[(kinds[int(root.name[5:])], _category(evt.name))] += evt.self_cpu_time_total / 1e6
+    print(f"workload {args.workload}, {len(requests)} requests, threads {torch.get_num_threads()}: "
+          f"run {plain_s:.2f} s ({profiled_s:.2f} s under the profiler), {len(kinds)} steps, "
+          f"{sum(kinds)} of them with prompt tokens")
+    cats = ("gemm", "attention", "kv_write", "norm_rope", "silu_mul", "sampler", "other_ops")
+    print(f"  {'':<10}{'prompt steps':>14}{'decode steps':>14}{'all':>9}")
+    for cat in (*cats, "host"):
+        cells = []
+        for kind in (True, False):
+            ops = sum(per[(kind, c)] for c in cats)
+            cells.append(steps[kind] - ops if cat == "host" else per[(kind, cat)])
+        print(f"  {cat:<10}{cells[0]:>12.2f} s{cells[1]:>12.2f} s{sum(cells):>7.2f} s")
+    print(f"  {'steps':<10}{steps[True]:>12.2f} s{steps[False]:>12.2f} s{steps[True] + steps[False]:>7.2f} s")
 
 
 if __name__ == "__main__":
