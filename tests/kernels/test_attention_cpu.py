@@ -13,7 +13,7 @@ from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from batchgen.kernels import paged_attention
-from batchgen.kernels.attention_cpu import is_cpu_kernel_available
+from batchgen.kernels.attention_cpu import is_cpu_kernel_available, load_cpu_kernel
 
 from .attention_cases import (
     OPTION_CASE,
@@ -86,6 +86,39 @@ def test_cpu_kernel_with_two_threads_matches() -> None:
         torch.set_num_threads(before)
     one = paged_attention(*args, backend="cpu")
     assert torch.equal(one, two)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize(("head_dim", "block_size"), [(64, 16), (80, 16), (32, 8)])
+def test_query_read_in_place_from_a_fused_projection_gives_the_same_bits(
+    case: str, head_dim: int, block_size: int
+) -> None:
+    """The attention block hands the kernel q as a view into the fused q/k/v output (tokens
+    q + 2 kv heads apart): read in place, it must give the bits of a contiguous copy on every
+    path (prefill tiles, decode rows, the generic loops), and the kernel must not copy it.
+    A query whose heads are not one run (a transposed view) is copied and gives the same bits."""
+    num_heads, num_kv_heads = 9, 3
+    batch = in_cpu_layout(make_batch(*CASES[case], num_heads=num_heads, num_kv_heads=num_kv_heads,
+                                     head_dim=head_dim, block_size=block_size, device=torch.device("cpu")))  # fmt: skip
+    tokens, q_size = batch.query.shape[0], num_heads * head_dim
+    fused = torch.randn(tokens, q_size + 2 * num_kv_heads * head_dim)
+    fused[:, :q_size] = batch.query.reshape(tokens, q_size)
+    view = fused[:, :q_size].view(tokens, num_heads, head_dim)
+    assert not view.is_contiguous()
+    rest = (batch.k_cache, batch.v_cache, batch.meta, batch.scale)
+    expected = paged_attention(batch.query.contiguous(), *rest, backend="cpu")
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        out = paged_attention(view, *rest, backend="cpu")
+    assert torch.equal(out, expected) and out.is_contiguous()
+    copied = {e.key for e in prof.key_averages()} & {"aten::clone", "aten::contiguous", "aten::copy_"}
+    assert not copied, f"the query was copied: {copied}"
+    odd = batch.query.transpose(0, 1).contiguous().transpose(0, 1)  # heads tokens * head_dim apart
+    assert odd.stride(1) != head_dim
+    assert torch.equal(paged_attention(odd, *rest, backend="cpu"), expected)
+    meta = batch.meta
+    with pytest.raises(RuntimeError, match="heads contiguous"):  # the compiled op itself refuses it
+        load_cpu_kernel().paged_attention(odd, batch.k_cache, batch.v_cache, meta.block_tables, meta.seq_lens,
+                                          meta.query_start_loc, batch.scale, None, None)  # fmt: skip
 
 
 def test_cpu_kernel_refuses_pools_in_another_layout_and_auto_falls_back() -> None:
