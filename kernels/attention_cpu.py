@@ -151,15 +151,6 @@ def is_cpu_kv_layout(k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
     return k_cache.stride() == (kvh * d * bs, 1, d * bs, bs) and v_cache.stride() == (kvh * bs * d, d, bs * d, 1)
 
 
-def _heads_contiguous(query: torch.Tensor) -> bool:
-    """Whether the kernel reads `query` [T, H, D] in place: each token's heads one contiguous run
-    (a view into the fused q/k/v projection's output is), the tokens any stride apart."""
-    if query.dim() != 3:
-        return False
-    (t, h, d), (st, sh, sd) = query.shape, query.stride()
-    return (d <= 1 or sd == 1) and (h <= 1 or sh == d) and (t <= 1 or st >= h * d)
-
-
 def paged_attention_cpu(
     query: torch.Tensor,
     k_cache: torch.Tensor,
@@ -175,7 +166,7 @@ def paged_attention_cpu(
     outside a query's window are not read).
 
     query: [num_tokens, num_heads, head_dim], read in place where each token's heads are one
-    contiguous run (a view into a fused q/k/v output), else copied; returns a new contiguous
+    contiguous run (a view into a fused q/k/v output), else copied by the kernel; returns a new contiguous
     tensor of that shape. Reads the caches only, which must be laid out as `cpu_kv_cache` makes
     them. Raises RuntimeError for other dtypes or another layout, and (naming the sequence) for
     metadata that would read outside the pools or the query: a block id a sequence reads outside [0, num_blocks), a
@@ -188,7 +179,7 @@ def paged_attention_cpu(
     # A named range, so that torch.profiler shows the kernel's time (jobs/bench/profile_step.py).
     with _named("batchgen::paged_attention_cpu"):
         out: torch.Tensor = kernel.paged_attention(
-            query if _heads_contiguous(query) else query.contiguous(),
+            query,
             k_cache,
             v_cache,
             meta.block_tables,

@@ -557,13 +557,6 @@ bool is_kernel_layout(const torch::Tensor& k_cache, const torch::Tensor& v_cache
          v_cache.stride(2) == bs * d && v_cache.stride(3) == 1;
 }
 
-}  // namespace
-
-// query [T, H, D] (contiguous); caches [num_blocks, block_size, KVH, D] as views of the kernel's
-// layout (float32; see the top of this file): K stored [num_blocks, KVH, D, block_size], V stored
-// [num_blocks, KVH, block_size, D]. block_tables int32 [S, max_blocks], seq_lens int32 [S],
-// query_start_loc int32 [S + 1]. sliding_window (>= 1) and logits_soft_cap (> 0, finite): see
-// the top of this file; None for neither.
 // Whether each token's [num_heads, head_dim] of a 3-D query is one contiguous run, the tokens
 // any stride (at least that run) apart; strides of dimensions of size 1 do not matter.
 bool heads_contiguous(const torch::Tensor& query) {
@@ -571,6 +564,13 @@ bool heads_contiguous(const torch::Tensor& query) {
   return (d <= 1 || query.stride(2) == 1) && (h <= 1 || query.stride(1) == d) && (t <= 1 || query.stride(0) >= h * d);
 }
 
+}  // namespace
+
+// query [T, H, D] (read in place where heads_contiguous, else copied); caches [num_blocks, block_size, KVH, D] as views of the kernel's
+// layout (float32; see the top of this file): K stored [num_blocks, KVH, D, block_size], V stored
+// [num_blocks, KVH, block_size, D]. block_tables int32 [S, max_blocks], seq_lens int32 [S],
+// query_start_loc int32 [S + 1]. sliding_window (>= 1) and logits_soft_cap (> 0, finite): see
+// the top of this file; None for neither.
 torch::Tensor paged_attention(torch::Tensor query, torch::Tensor k_cache, torch::Tensor v_cache,
                               torch::Tensor block_tables, torch::Tensor seq_lens,
                               torch::Tensor query_start_loc, double scale, c10::optional<int64_t> sliding_window,
@@ -589,10 +589,10 @@ torch::Tensor paged_attention(torch::Tensor query, torch::Tensor k_cache, torch:
   TORCH_CHECK(query.scalar_type() == torch::kFloat32 && k_cache.scalar_type() == torch::kFloat32 &&
                   v_cache.scalar_type() == torch::kFloat32,
               "cpu paged attention takes float32");
-  // The query may be a view into the fused q/k/v projection's output: each token's heads
-  // contiguous, tokens any stride apart (copying it cost a prefill step 0.2-0.5 ms a layer).
-  TORCH_CHECK(query.dim() != 3 || heads_contiguous(query),
-              "cpu paged attention takes a query with each token's heads contiguous");
+  // The query is read in place where each token's heads are one run, the tokens any stride apart
+  // (a view into the fused q/k/v projection's output: copying it cost a prefill step 0.2-0.5 ms
+  // a layer), and copied otherwise.
+  if (query.dim() == 3 && !heads_contiguous(query)) query = query.contiguous();
   TORCH_CHECK(block_tables.is_contiguous(),
               "cpu paged attention takes a contiguous block table");
   TORCH_CHECK(is_kernel_layout(k_cache, v_cache),

@@ -203,7 +203,7 @@ inline void block_scores(const float* const* q, const float* kt, int64_t head_di
     for (int c = 0; c < 4; ++c) a[r][c] = _mm512_setzero_ps();
   }
   for (int64_t d = 0; d < head_dim; d += 4) {
-    if (next_kt != nullptr) {  // one line of each a K row: the whole next block by the loop's end
+    if (next_kt != nullptr) {  // a line of K and one of V per K row: the whole next block by the loop's end
       for (int c = 0; c < 4; ++c) {
         __builtin_prefetch(next_kt + (d + c) * 16, 0, 3);
         __builtin_prefetch(next_vb + (d + c) * 16, 0, 3);
