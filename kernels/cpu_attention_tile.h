@@ -14,7 +14,8 @@
 //
 // Requires block_size == 16 and head_dim % 16 == 0 (the dispatcher falls back otherwise).
 // Uses AVX-512F only (no DQ: masks and integer ops where DQ's float logic would be shorter).
-// cpu_attention.cpp includes it after defining ScoreRule (the scale, soft cap and window).
+// cpu_attention.cpp includes it after defining ScoreRule (the scale, soft cap and window) and
+// lane_sum.
 // On CPUs with AVX2 and FMA but no AVX-512, cpu_vec16_avx2.h is included first: it declares the
 // intrinsics used here in namespace tile16 over pairs of AVX2 vectors, hiding the real ones, and
 // the micro-tiles shrink to its 16 registers (kVectorRegisters). Test builds include a scalar
@@ -220,8 +221,9 @@ inline void block_scores(const float* const* q, const float* kt, int64_t head_di
 // One block's keys first .. n - 1 (0 <= first < n <= 16) for R <= 6 decode rows that all see
 // those keys (one or more sequences' q heads of a KV head; first > 0 where a sliding window
 // starts inside the block): kt = the block's K transposed ([D, 16]), vb = its V rows ([16, D]).
-// Per row r: query q[r], running max m[r], running sum l[r], unnormalized output
-// acc[r][head_dim]. Each kt and V load feeds R FMAs. A row's arithmetic is the same whatever
+// Per row r: query q[r], running max m[r], running sum l[16 r .. 16 r + 15] kept per lane (a key
+// lane's share, added by lane_sum after the last block), unnormalized
+// output acc[r][head_dim]. Each kt and V load feeds R FMAs. A row's arithmetic is the same whatever
 // rows run beside it, so its output does not depend on the batch or on which sequences share
 // its blocks.
 template <int R>
@@ -249,7 +251,7 @@ inline void decode_rows(const float* const* q, const float* kt, const float* vb,
     alpha[r] = dm[r];
     const __m512 e = exp_neg(_mm512_sub_ps(sc[r], _mm512_set1_ps(m_new[r])));
     _mm512_store_ps(p[r], e);
-    l[r] = l[r] * alpha[r] + _mm512_reduce_add_ps(e);
+    _mm512_storeu_ps(l + 16 * r, _mm512_add_ps(_mm512_mul_ps(_mm512_loadu_ps(l + 16 * r), _mm512_set1_ps(alpha[r])), e));
     m[r] = m_new[r];
     p_rows[r] = p[r] + first;  // lanes below first hold 0: P V starts at key first
   }
@@ -282,15 +284,15 @@ void run(int64_t rows, const float* const* q_rows, const int64_t* pos, const int
          std::vector<float>& scratch) {
   constexpr int64_t B = 16, S = 32;  // keys per block, per span
   const int64_t padded = (rows + kRows - 1) / kRows * kRows;
-  scratch.assign(16 + head_dim * S + padded * head_dim + padded * S + padded * 3, 0.f);
+  scratch.assign(16 + head_dim * S + padded * head_dim + padded * S + padded * 18, 0.f);
   float* base = scratch.data();
   // kt first: _mm512_load_ps needs 64-byte alignment.
   float* kt = base + (16 - (reinterpret_cast<uintptr_t>(base) / sizeof(float)) % 16) % 16;  // [D, S]
   float* acc = kt + head_dim * S;         // [padded, head_dim]
   float* pbuf = acc + padded * head_dim;  // [padded, S]
-  float* m = pbuf + padded * S;
-  float* l = m + padded;
-  float* alpha = l + padded;
+  float* l = pbuf + padded * S;  // [padded, 16]: each row's running sum per key lane (lane_sum)
+  float* m = l + padded * 16;
+  float* alpha = m + padded;
   for (int64_t r = 0; r < padded; ++r) m[r] = -std::numeric_limits<float>::infinity();
   const __m512 neg_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
   const int64_t max_pos = *std::max_element(pos, pos + rows);
@@ -353,7 +355,8 @@ void run(int64_t rows, const float* const* q_rows, const int64_t* pos, const int
         const __m512 p1 = exp_neg(_mm512_sub_ps(s[2 * i + 1], vm));
         _mm512_storeu_ps(pbuf + r * S, p0);
         _mm512_storeu_ps(pbuf + r * S + B, p1);
-        l[r] = l[r] * alpha[r] + _mm512_reduce_add_ps(_mm512_add_ps(p0, p1));
+        _mm512_storeu_ps(l + 16 * r, _mm512_add_ps(_mm512_mul_ps(_mm512_loadu_ps(l + 16 * r), _mm512_set1_ps(alpha[r])),
+                                                   _mm512_add_ps(p0, p1)));
         m[r] = m_new[i];
       }
     };
@@ -390,7 +393,8 @@ void run(int64_t rows, const float* const* q_rows, const int64_t* pos, const int
     }
   }
   for (int64_t r = 0; r < rows; ++r) {
-    const float inv = l[r] > 0.f ? 1.f / l[r] : 0.f;
+    const float sum = lane_sum(l + 16 * r);
+    const float inv = sum > 0.f ? 1.f / sum : 0.f;
     const float* a = acc + r * head_dim;
     float* o = out_rows[r];
     for (int64_t d = 0; d < head_dim; ++d) o[d] = a[d] * inv;
