@@ -38,6 +38,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 WORKLOADS = ("single-turn", "multi-turn")
@@ -50,6 +51,22 @@ def _read_tokens(path: Path) -> dict[str, list[int]]:
             record = json.loads(line)
             out[record["request_id"]] = record["token_ids"]
     return out
+
+
+def _wait_until_group_exits(pgid: int, timeout_s: float = 30.0) -> None:
+    """Returns once no process of group `pgid` runs (exited ones that nobody reaped, zombies holding
+    no memory, do not count; without /proc, at once)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        running = False
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            with contextlib.suppress(OSError):
+                fields = stat.read_text().rsplit(")", 1)[1].split()
+                running |= int(fields[2]) == pgid and fields[0] not in ("Z", "X")
+        if not running:
+            return
+        time.sleep(0.05)
+    raise RuntimeError(f"vLLM's processes (group {pgid}) still run {timeout_s:.0f} s after SIGKILL")
 
 
 class _VLLM:
@@ -96,6 +113,9 @@ class _VLLM:
             with contextlib.suppress(ProcessLookupError):  # the engine core or worker, if still there
                 os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
+            _wait_until_group_exits(self.proc.pid)
+            if self.proc.stdout is not None:
+                self.proc.stdout.close()
 
 
 def _batchgen(out: Path, workload: str, tag: str, args: argparse.Namespace, first: bool) -> None:
