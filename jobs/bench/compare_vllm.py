@@ -14,10 +14,13 @@ in float32), which a quarter of the free memory may not; `--batchgen-kv-cache-gi
 (mapped lazily: pages are committed only as blocks are written), e.g. as VLLM_CPU_KVCACHE_SPACE.
 
 Each round runs batchgen on every workload (`python -m batchgen bench --workload ...`, its
-default engine settings), then starts vLLM-CPU (`vllm_driver.py`, serving; its start, about a
-minute with a warm compile cache, is not timed), runs it on the same request files and closes it,
-so that the two figures of a pair see about the same state of a shared, noisy machine and each
-engine runs alone: no process of the other one is alive, not even idle. (An idle vLLM beside
+default engine settings, a fresh process each), then vLLM-CPU on the same request files, also a
+fresh process each (`vllm_driver.py`, serving one run; its start, about a minute with a warm
+compile cache, is not timed), closed before the next starts. So the two figures of a pair see
+about the same state of a shared, noisy machine, each engine runs alone (no process of the other
+alive, not even idle), and each timed run is the first of its process, as in an offline job: a
+vLLM process's first run was the slower (single-turn 432-502 out tok/s where its second run of
+the same process, multi-turn, kept its usual speed). (An idle vLLM beside
 batchgen's runs had made them 20% slower: multi-turn 21.7-22.0 s a run against 18.1-18.3 s with
 the same code, even with vLLM's processes stopped. On this VM, pages first touched while vLLM
 held its ~10 GB cost 9x more to fault in: 2 GiB in 11.5 s against 1.3 s, and batchgen commits its
@@ -198,12 +201,12 @@ def main() -> int:
             for w in workloads:
                 _batchgen(out, w, f"{w}.r{k}", args, first=k == 1)
         if not args.skip_vllm:
-            vllm = _VLLM(args.vllm_python, args.model_dir, out)
-            try:
-                for w in workloads:
+            for w in workloads:
+                vllm = _VLLM(args.vllm_python, args.model_dir, out)
+                try:
                     vllm.run(out / f"{w}.jsonl", f"{w}.r{k}")
-            finally:
-                vllm.close()
+                finally:
+                    vllm.close()
     print(_table(out, workloads, args.rounds))
     return 0
 

@@ -7,7 +7,7 @@ and OUT_DIR/NAME.vllm.json (wall time, output tokens, tok/s). One LLM() start se
 (it takes minutes); the prefix cache is reset before each timed run. Greedy, stop at id 2.
 With no files named, it serves: it reads lines "REQUESTS.jsonl TAG" from stdin, writes
 OUT_DIR/TAG.vllm.json(l) for each, and answers "vllm done TAG" on stdout (compare_vllm.py starts
-it once a round, after batchgen's runs, and closes it before the next round's). The engine core runs in a spawned process, hence
+one for each timed run, so that every run is the first of its process). The engine core runs in a spawned process, hence
 the __main__ guard.
 """
 

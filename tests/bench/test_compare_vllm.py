@@ -114,8 +114,9 @@ def test_each_engine_runs_with_no_process_of_the_other_alive(tmp_path: Path, mon
     # batchgen ran every workload of both rounds with no peer process alive (not even idle)
     assert [tag for tag, _ in seen] == ["single-turn.r1", "multi-turn.r1", "single-turn.r2", "multi-turn.r2"]
     assert all(alive == [] for _, alive in seen)
-    # one peer start a round, and nothing of it outlives the script: driver and engine core gone
+    # one peer process a timed run (2 rounds x 2 workloads), and nothing of it outlives the
+    # script: driver and engine core gone
     starts = [line.split() for line in (out / "peer_pids").read_text().splitlines()]
-    assert len(starts) == 2
+    assert len(starts) == 4
     assert not any(_alive(int(pid)) for start in starts for pid in start)
     assert json.loads((out / "multi-turn.r2.vllm.json").read_text())["output_tokens_per_s"] == 100.0
