@@ -75,7 +75,7 @@ def _wait_until_group_exits(pgid: int, timeout_s: float = 30.0) -> None:
 class _VLLM:
     """The serving vllm_driver.py process: `run(requests, tag)` returns when its run is written.
     It runs in a process group of its own with the engine core and worker it spawns, and `close`
-    kills what is left of that group, so that no vLLM process outlives its round (one left behind
+    kills what is left of that group, so that no vLLM process outlives its run (one left behind
     holds its memory and slows every later run on the machine)."""
 
     def __init__(self, python: str, model_dir: str, out: Path) -> None:

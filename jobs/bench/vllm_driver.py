@@ -3,12 +3,12 @@
 usage: python vllm_driver.py MODEL_DIR OUT_DIR [REQUESTS.jsonl ...]
 
 For each requests file NAME.jsonl it writes OUT_DIR/NAME.vllm.jsonl ({"request_id", "token_ids"})
-and OUT_DIR/NAME.vllm.json (wall time, output tokens, tok/s). One LLM() start serves every run
-(it takes minutes); the prefix cache is reset before each timed run. Greedy, stop at id 2.
+and OUT_DIR/NAME.vllm.json (wall time, output tokens, tok/s). One LLM() start (about a minute with
+a warm compile cache) can serve several runs; the prefix cache is reset before each timed run. Greedy, stop at id 2.
 With no files named, it serves: it reads lines "REQUESTS.jsonl TAG" from stdin, writes
 OUT_DIR/TAG.vllm.json(l) for each, and answers "vllm done TAG" on stdout (compare_vllm.py starts
-one for each timed run, so that every run is the first of its process). The engine core runs in a spawned process, hence
-the __main__ guard.
+one for each timed run, so that every run is the first of its process). The engine core runs in a
+spawned process, hence the __main__ guard.
 """
 
 from __future__ import annotations

@@ -83,7 +83,7 @@ def _alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    # a zombie child of this process counts as gone
+    # an exited process nobody reaped (a zombie: this VM's init leaves them) counts as gone
     stat = Path(f"/proc/{pid}/stat")
     return not (stat.exists() and stat.read_text().rsplit(")", 1)[1].split()[0] == "Z")
 
