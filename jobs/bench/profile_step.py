@@ -11,6 +11,12 @@ SiLU-and-multiply, other ops, sampler, host work = step wall time minus the time
 --whole-run instead runs the workload to the end (as `batchgen bench` does: greedy, 128 new
 tokens each), once plainly for its wall time and once under the profiler, and prints seconds by
 category for the steps that compute prompt tokens and for the decode-only steps apart.
+
+The profiler adds its own cost to every op it records, and not evenly: at batch 256 it put the
+decode step's GEMMs at 126.7 ms where they take 102.5. So the decode-step mode also prints a
+breakdown without it ("wall clock by part"): the model's calls to its kernels (projections, fused
+gate/up, attention, K/V writes, norms, rotary, the LM head's greedy tokens) timed one by one with
+perf_counter around each call, the projections' GFLOP/s with them.
 """
 
 from __future__ import annotations
@@ -18,10 +24,15 @@ from __future__ import annotations
 import argparse
 import time
 from collections import defaultdict
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
+import batchgen.models.attention as attention_module
+import batchgen.models.layers as layers_module
+import batchgen.models.mlp as mlp_module
 from batchgen.data.workloads import build_workload
 from batchgen.engine.config import CacheConfig, RunnerConfig, SchedulerConfig
 from batchgen.engine.llm_engine import LLMEngine
@@ -146,6 +157,76 @@ def main() -> None:
     gflop = 2 * num_params * engine.scheduler.num_running / 1e9
     print(f"  GEMM rate {gflop / (per_cat['gemm'] / 1e3):.0f} GFLOP/s ({gflop:.1f} GFLOP per step)")
     print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=12))
+    _wall_clock_by_part(engine, args.steps)
+
+
+# The model's calls to its kernels, by the module that makes them: (module, name, part).
+_PARTS = (
+    (attention_module, "linear", "projections"),
+    (mlp_module, "linear", "projections"),
+    (mlp_module, "silu_gate_up", "projections"),
+    (attention_module, "paged_attention", "attention"),
+    (attention_module, "write_kv", "kv_write"),
+    (attention_module, "rotary_embedding", "norm_rope"),
+    (attention_module, "rms_norm", "norm_rope"),
+    (layers_module, "rms_norm", "norm_rope"),
+)
+
+
+def _wall_clock_by_part(engine: LLMEngine, steps: int) -> tuple[float, dict[str, float]]:
+    """`steps` more decode steps with each kernel call of the model timed by perf_counter (no
+    profiler), printed in ms per step; the projections' multiply-adds counted from their weights'
+    shapes. Returns the steps' wall time and each part's seconds (they add up to it)."""
+    seconds: dict[str, float] = defaultdict(float)
+    flop = [0.0]
+
+    def timed(run: Callable[..., Any], part: str) -> Callable[..., Any]:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return run(*args, **kwargs)
+            finally:
+                seconds[part] += time.perf_counter() - start
+                if part == "projections":  # (x, weight, ...): a PackedLinear or an [out, in] tensor
+                    weight = args[1]
+                    size = weight.out_features * weight.in_features if hasattr(weight, "out_features") else weight.numel()
+                    flop[0] += 2.0 * args[0].shape[0] * size
+
+        return call
+
+    model = engine.runner.model
+    saved = [(module, name, getattr(module, name)) for module, name, _ in _PARTS]
+    for module, name, part in _PARTS:
+        setattr(module, name, timed(getattr(module, name), part))
+    passes = ("final_hidden", "greedy_tokens", "logits")
+    for name in passes:
+        setattr(model, name, timed(getattr(model, name), name))
+    try:
+        start = time.perf_counter()
+        for _ in range(steps):
+            engine.step()
+        wall = time.perf_counter() - start
+    finally:
+        for module, name, run in saved:
+            setattr(module, name, run)
+        for name in passes:
+            delattr(model, name)
+    inside = sum(seconds[p] for p in ("projections", "attention", "kv_write", "norm_rope"))
+    rows = {
+        "projections": seconds["projections"],
+        "attention": seconds["attention"],
+        "kv_write": seconds["kv_write"],
+        "norm_rope": seconds["norm_rope"],
+        "rest of the layers": seconds["final_hidden"] - inside,
+        "LM head": seconds["greedy_tokens"] + seconds["logits"],
+        "outside the model": wall - seconds["final_hidden"] - seconds["greedy_tokens"] - seconds["logits"],
+    }
+    print(f"wall clock by part, no profiler ({steps} steps, batch {engine.scheduler.num_running}): step {wall / steps * 1e3:.1f} ms")
+    for part, secs in rows.items():
+        print(f"  {part:<20}{secs / steps * 1e3:>9.1f} ms  {secs / wall:6.1%}")
+    if seconds["projections"]:
+        print(f"  projections at {flop[0] / seconds['projections'] / 1e9:.0f} GFLOP/s")
+    return wall, rows
 
 
 def _whole_run(args: argparse.Namespace, checkpoint: object, requests: list) -> None:  # type: ignore[type-arg]
