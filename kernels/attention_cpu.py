@@ -48,7 +48,7 @@ __all__ = [
 ]
 
 _SOURCE = Path(__file__).with_name("cpu_attention.cpp")
-_HEADERS = tuple(Path(__file__).with_name(n) for n in ("cpu_attention_tile.h", "cpu_greedy.h", "cpu_linear.h", "cpu_small_ops.h", "cpu_vec16_avx2.h"))
+_HEADERS = tuple(Path(__file__).with_name(n) for n in ("cpu_attention_tile.h", "cpu_greedy.h", "cpu_greedy_int8.h", "cpu_linear.h", "cpu_small_ops.h", "cpu_vec16_avx2.h"))
 # No FMA contraction: the rotary embedding must round as the PyTorch path does (the attention
 # kernel writes its FMAs explicitly).
 _CFLAGS = ("-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-ffp-contract=off")

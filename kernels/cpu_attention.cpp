@@ -756,6 +756,13 @@ torch::Tensor paged_attention(torch::Tensor query, torch::Tensor k_cache, torch:
 #include "cpu_linear.h"
 // Greedy tokens from bfloat16 estimates of the LM head's logits and a few float32 ones.
 #include "cpu_greedy.h"
+// ... or from int8 estimates, where the CPU has AVX512-VNNI (not in the AVX2 halves or the
+// emulation builds).
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__) && !defined(BATCHGEN_TILE16_HALVES) && \
+    !defined(BATCHGEN_EMULATE_AVX512)
+#define BATCHGEN_INT8_DOT 1
+#include "cpu_greedy_int8.h"
+#endif
 #endif
 
 // What kernels/linear_cpu.py packs for: the linear kernel's panel width and the gated kernel's
@@ -794,10 +801,19 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "silu(x G^T) * (x U^T) with bfloat16 products summed in float32 (CPU)", py::arg("x"), py::arg("packed"),
         py::arg("intermediate"));
 #endif
+#if defined(BATCHGEN_INT8_DOT)
+  m.def("greedy_estimate_int8", &greedy_estimate_int8,
+        "the LM head's logits from int8 x and weights (AVX512-VNNI), with each row's bound terms", py::arg("x"),
+        py::arg("w8"), py::arg("scales"));
+  m.def("greedy_screen_int8", &greedy_screen_int8,
+        "each row's greedy token from int8 logit estimates and float32 logits of the candidates (-1: undecided)",
+        py::arg("estimates"), py::arg("a"), py::arg("xn"), py::arg("x"), py::arg("packed"), py::arg("bsum"),
+        py::arg("bnorm"), py::arg("q"), py::arg("max_candidates"), py::arg("rows") = py::none());
+#endif
   m.def("greedy_screen", &greedy_screen,
         "each row's greedy token from logit estimates (bfloat16 operands, float32) and float32 logits of the candidates (-1: undecided)",
         py::arg("estimates"), py::arg("x"), py::arg("packed"), py::arg("norms"), py::arg("coef"),
-        py::arg("max_candidates"));
+        py::arg("max_candidates"), py::arg("rows") = py::none());
 #endif
   m.def("apply_token_bitmask", &apply_token_bitmask, "grammar bitmasks applied to logits rows in place (float32, CPU)");
 }

@@ -47,6 +47,19 @@ inline void exact_logits(const float* x, const float* packed, int64_t K, int64_t
   for (int64_t j = 0; j < n; ++j) out[j] = acc[j];
 }
 
+// The same chains read from the weight's rows ([V, K] row-major, the unpacked head: an embedding
+// table the head is tied to), K contiguous floats a column instead of one line per k: the same
+// bits (one FMA chain in k order from zero).
+inline void exact_logits_rows(const float* x, const float* rows, int64_t K, const int64_t* v, int64_t n, float* out) {
+  const float* w[8];
+  float acc[8];
+  for (int64_t j = 0; j < n; ++j) w[j] = rows + v[j] * K, acc[j] = 0.f;
+  for (int64_t k = 0; k < K; ++k) {
+    for (int64_t j = 0; j < n; ++j) acc[j] = std::fma(x[k], w[j][k], acc[j]);
+  }
+  for (int64_t j = 0; j < n; ++j) out[j] = acc[j];
+}
+
 // The absolute part t of the bound: AVX512-BF16's conversion and dot products treat bfloat16
 // subnormals (magnitudes below 2^-126) as zero and flush subnormal results to zero. A flushed
 // x_k costs at most 2^-126 |w_k|, a flushed weight 2^-126 |x_k|, each flushed product or partial
@@ -56,9 +69,13 @@ inline double flush_slack(double l1, int64_t K, double max_norm) {
   return std::max(1e-30, 0x1p-125 * (static_cast<double>(K) * (max_norm + 2.0) + l1));
 }
 
+inline int64_t pick(const float* hi, float lo, const float* x, const float* packed, const float* rows, int64_t V,
+                    int64_t K, int64_t panel, int64_t max_candidates, std::vector<int64_t>& candidates);
+
 // One row: the token, or -1 (see the top of this file); `est` the row's estimates, `hi` scratch
 // for each estimate plus its bound (V floats).
-inline int64_t row_token(const float* est, const float* x, const float* packed, const float* norms, double max_norm,
+inline int64_t row_token(const float* est, const float* x, const float* packed, const float* rows, const float* norms,
+                         double max_norm,
                          int64_t V, int64_t K, int64_t panel, double coef, int64_t max_candidates, float* hi,
                          std::vector<int64_t>& candidates) {
   double sq = 0.0, l1 = 0.0;
@@ -99,6 +116,15 @@ inline int64_t row_token(const float* est, const float* x, const float* packed, 
     hi[v] = e + b;
   }
   if (!(bad == 0.f)) return -1;
+  return pick(hi, lo, x, packed, rows, V, K, panel, max_candidates, candidates);
+}
+
+// The row's token from each estimate plus its bound (`hi`, V floats) and the largest estimate
+// minus its bound (`lo`): the candidates (hi >= lo) computed in float32 with the packed kernel's
+// chains (from `rows`, the row-major weight, where not null), the largest, the lowest index among
+// equals; -1 past max_candidates or for a NaN.
+inline int64_t pick(const float* hi, float lo, const float* x, const float* packed, const float* rows, int64_t V,
+                    int64_t K, int64_t panel, int64_t max_candidates, std::vector<int64_t>& candidates) {
   // The candidates, hi >= lo, in ascending order.
   candidates.clear();
   int64_t u = 0;
@@ -124,7 +150,11 @@ inline int64_t row_token(const float* est, const float* x, const float* packed, 
   for (size_t g = 0; g < candidates.size(); g += kGroup) {
     const int64_t n = std::min<int64_t>(kGroup, static_cast<int64_t>(candidates.size() - g));
     float f[kGroup];
-    exact_logits(x, packed, K, panel, candidates.data() + g, n, f);
+    if (rows != nullptr) {
+      exact_logits_rows(x, rows, K, candidates.data() + g, n, f);
+    } else {
+      exact_logits(x, packed, K, panel, candidates.data() + g, n, f);
+    }
     for (int64_t j = 0; j < n; ++j) {  // ascending: among equal logits the lowest index stays
       if (std::isnan(f[j])) return -1;
       if (best < 0 || f[j] > best_logit) best = candidates[g + j], best_logit = f[j];
@@ -133,17 +163,32 @@ inline int64_t row_token(const float* est, const float* x, const float* packed, 
   return best;
 }
 
+// x contiguous [M, K] float32, the head's packed panels [P, K, panel] float32.
+inline void check_x_and_head(const torch::Tensor& x, const torch::Tensor& packed) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat && x.is_contiguous(), "x: contiguous [M, K] float32");
+  TORCH_CHECK(packed.dim() == 3 && packed.scalar_type() == torch::kFloat && packed.is_contiguous() &&
+                  packed.size(1) == x.size(1),
+              "packed: contiguous [P, K, panel] float32 with x's K");
+}
+
+// The row-major weight's data where given ([V, K] float32, contiguous), else null.
+inline const float* checked_rows(const c10::optional<torch::Tensor>& rows, int64_t V, int64_t K) {
+  if (!rows.has_value()) return nullptr;
+  TORCH_CHECK(rows->dim() == 2 && rows->size(0) >= V && rows->size(1) == K && rows->scalar_type() == torch::kFloat &&
+                  rows->is_contiguous(),
+              "rows: the head's weight, contiguous [V, K] float32");
+  return rows->data_ptr<float>();
+}
+
 }  // namespace greedy
 
 // estimates float32 [M, V] (x's logits with bfloat16 operands), x float32 [M, K], packed the LM
 // head's float32 panels [P, K, panel] (cpu_linear.h's layout), norms float32 [V] (each column's
 // Euclidean norm, rounded up): int64 [M], each row's greedy token or -1 (see the top of the file).
 inline torch::Tensor greedy_screen(const torch::Tensor& estimates, const torch::Tensor& x, const torch::Tensor& packed,
-                                   const torch::Tensor& norms, double coef, int64_t max_candidates) {
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat && x.is_contiguous(), "x: contiguous [M, K] float32");
-  TORCH_CHECK(packed.dim() == 3 && packed.scalar_type() == torch::kFloat && packed.is_contiguous() &&
-                  packed.size(1) == x.size(1),
-              "packed: contiguous [P, K, panel] float32 with x's K");
+                                   const torch::Tensor& norms, double coef, int64_t max_candidates,
+                                   const c10::optional<torch::Tensor>& rows) {
+  greedy::check_x_and_head(x, packed);
   const int64_t M = x.size(0), K = x.size(1), panel = packed.size(2);
   TORCH_CHECK(estimates.dim() == 2 && estimates.scalar_type() == torch::kFloat && estimates.is_contiguous() &&
                   estimates.size(0) == M,
@@ -153,6 +198,7 @@ inline torch::Tensor greedy_screen(const torch::Tensor& estimates, const torch::
   TORCH_CHECK(norms.dim() == 1 && norms.size(0) == V && norms.scalar_type() == torch::kFloat && norms.is_contiguous(),
               "norms: contiguous [V] float32");
   TORCH_CHECK(coef > 0 && max_candidates > 0, "coef and max_candidates must be positive");
+  const float* rows_p = greedy::checked_rows(rows, V, K);
   auto out = torch::empty({M}, x.options().dtype(torch::kInt64));
   const float* est = estimates.data_ptr<float>();
   const float* xp = x.data_ptr<float>();
@@ -166,7 +212,7 @@ inline torch::Tensor greedy_screen(const torch::Tensor& estimates, const torch::
     std::vector<int64_t> candidates;
     candidates.reserve(max_candidates);
     for (int64_t r = begin; r < end; ++r) {
-      o[r] = greedy::row_token(est + r * V, xp + r * K, w, n, max_norm, V, K, panel, coef, max_candidates, hi.data(), candidates);
+      o[r] = greedy::row_token(est + r * V, xp + r * K, w, rows_p, n, max_norm, V, K, panel, coef, max_candidates, hi.data(), candidates);
     }
   });
   return out;

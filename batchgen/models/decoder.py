@@ -105,7 +105,7 @@ class DecoderModel:
         self.norm = parts.final_norm
         self.final_logit_softcap = parts.final_logit_softcap
         self.lm_head: Weight = self.embed if parts.lm_head is None else parts.lm_head
-        # The LM head's bfloat16 screen for greedy steps (`greedy_tokens`), where it applies.
+        # The LM head's greedy screen (`greedy_tokens`: int8 or bfloat16 estimates), where it applies.
         self._greedy_head: GreedyHead | None = None
         prepare_backend(self._backend, device)  # the CPU kernel's build, here, not in a first step
         if device.type == "cpu":
@@ -124,7 +124,8 @@ class DecoderModel:
             head_weight = self.embed if parts.lm_head is None else parts.lm_head
             self.lm_head = pack_linear_weight(head_weight, compute_dtype=self.linear_dtype)
             if greedy_screen and self.final_logit_softcap is None and greedy_head_supported(self.lm_head):
-                self._greedy_head = pack_greedy_head(self.lm_head, head_weight)
+                # a tied head's rows are the embedding table, kept anyway
+                self._greedy_head = pack_greedy_head(self.lm_head, head_weight, keep_rows=parts.lm_head is None)
         elif device.type == "cpu" and self._backend != "torch":
             notes.append(_unpacked_note(dtype))
         self.fast_path_notes = tuple(notes)

@@ -14,11 +14,12 @@ from batchgen.engine.config import CacheConfig, RunnerConfig, SchedulerConfig
 from batchgen.engine.llm_engine import LLMEngine
 from batchgen.engine.sampling_params import SamplingParams
 from batchgen.kernels import linear_cpu
+from batchgen.kernels.greedy_cpu import greedy_int8_supported
 from batchgen.models.checkpoint import load_checkpoint
 from tests.tiny_models import make_tiny_hf_folder
 
 PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [10, 11, 12], [13, 14, 15, 16, 17], [5, 6, 7, 8, 9, 30, 31, 32, 33]]
-screen_here = linear_cpu.batchgen_linear_panel() > 0 and linear_cpu.batchgen_bf16_linear()
+screen_here = linear_cpu.batchgen_linear_panel() > 0 and (linear_cpu.batchgen_bf16_linear() or greedy_int8_supported())
 
 
 @pytest.fixture(scope="module")
