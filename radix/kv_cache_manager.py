@@ -7,6 +7,14 @@ sequence, how many leading blocks of its table are known to be cached as its cha
     block table of a sequence:  | hit blocks (shared, from cache) | own blocks ... | partial |
                                   ^ table[:num_cached] form a chain in the tree
 
+A prompt that goes on past its cached full blocks may share the first tokens of the next block
+with a cached one (a common system prompt that ends inside a block, a prompt contained in an
+earlier one): ``match_partial`` names that block and how many of its tokens, and the scheduler
+has the runner copy it into the prompt's own block (``BlockCopy``) instead of computing those
+tokens. The copy runs before the step's forward pass, so its source must already hold its KV:
+blocks cached since the last ``mark_written`` (their KV is written by the coming forward pass)
+are never a source.
+
 Cached blocks that no table references stay in the tree and sit in the pool's free queue; they
 are evicted from the tree only when ``pop_free`` hands them out again, least recently used first.
 In a pool committed up front that happens once no never-used block is left; in a lazily
@@ -32,7 +40,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .block_pool import BlockPool
-from .radix_cache import CacheMatch, CacheStats, RadixCache
+from .radix_cache import CacheMatch, CacheStats, PartialMatch, RadixCache
 
 __all__ = ["BlockCopy", "ForkResult", "KVCacheManager"]
 
@@ -83,6 +91,8 @@ class KVCacheManager:
         self._table_tuples: dict[int, tuple[int, ...]] = {}
         # Leading blocks of each table known to be cached as that table's chain.
         self._num_cached_blocks: dict[int, int] = {}
+        # Blocks cached since the last `mark_written`: the coming forward pass writes their KV.
+        self._unwritten: set[int] = set()
 
     @property
     def block_size(self) -> int:
@@ -141,6 +151,26 @@ class KVCacheManager:
         if not self._enable_prefix_caching:
             return _EMPTY_MATCH
         return self._cache.match(token_ids)
+
+    def match_partial(self, hit: CacheMatch, token_ids: Sequence[int]) -> PartialMatch | None:
+        """A cached block holding the first tokens of ``token_ids`` after ``hit``'s full blocks
+        (``hit``: ``match_prefix`` of the same tokens, just before), the most of them that any
+        block at that position holds; None when none does, or caching is off. Its KV already
+        written (not cached since the last ``mark_written``). Pass the same tokens as to
+        ``match_prefix``: at least one token after the ones matched must stay to be computed,
+        and the result's ``num_tokens`` is at most ``len(token_ids) - hit.num_tokens``. The
+        caller allocates the prompt's table past them and copies the block into its first own
+        block (``BlockCopy``) before the next forward pass; nothing here changes.
+        """
+        if not self._enable_prefix_caching:
+            return None
+        parent = hit.block_ids[-1] if hit.block_ids else None
+        return self._cache.match_partial(parent, token_ids[hit.num_tokens :], exclude=self._unwritten)
+
+    def mark_written(self) -> None:
+        """Every block cached so far holds its KV (a forward pass ran since they were cached):
+        they may be ``match_partial``'s source from now on."""
+        self._unwritten.clear()
 
     def _check_hit(self, hit: CacheMatch, num_tokens: int) -> None:
         """ValueError unless ``hit`` is, right now, a cached chain from the root."""
@@ -292,6 +322,7 @@ class KVCacheManager:
         # evicted).
         _, reach = self._cache.insert_chain(token_ids, table[:num_full_blocks], start_block_idx=num_cached)
         self._num_cached_blocks[seq_id] = reach
+        self._unwritten.update(table[num_cached:reach])
 
     def cache_running_blocks(
         self, seq_ids: Sequence[int], token_ids: Sequence[Sequence[int]], num_tokens: Sequence[int]

@@ -7,7 +7,10 @@ Owns the tree (hash chain -> cached block) and its counters. Each node is one fu
 
 A node stores its hash, block id, position in the chain (``block_idx``), the block's tokens,
 its extra key, its parent (None under the root) and its children keyed by hash (a plain dict:
-lookups never create nodes). An index maps block id -> node: a list indexed by block id (ids are
+lookups never create nodes). Each parent (the root too) also keeps its children sorted by
+(extra key, tokens), so that ``match_partial`` finds the child sharing the longest run of leading
+tokens with a prompt in a binary search: in sorted order that child is a neighbour of the
+prompt's place. An index maps block id -> node: a list indexed by block id (ids are
 a pool's ``0..num_blocks-1``; it grows to the largest id inserted), None where nothing is cached,
 so that the checks that run for every block a sequence fills or frees index a list instead of
 hashing into a dict.
@@ -17,6 +20,7 @@ Invariants (``check_invariants``):
 - each hash recomputes from (parent hash or ``ROOT_HASH``, tokens, extra key, seed);
 - each node holds exactly ``block_size`` tokens and ``block_idx`` = parent's + 1 (0 at the root);
 - the index holds exactly the nodes of the tree and a block id appears at most once;
+- each parent's sorted list holds exactly its children's (extra key, tokens, block id), sorted;
 - a hit is confirmed by comparing stored tokens and extra key, so a hash collision can never
   return blocks that hold other tokens.
 
@@ -27,12 +31,16 @@ library and ``hashing`` only.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from bisect import bisect_left, insort
+from collections.abc import Container, Sequence
 from dataclasses import dataclass, field
 
 from .hashing import ROOT_HASH, block_hasher
 
-__all__ = ["CacheMatch", "CacheStats", "RadixCache"]
+__all__ = ["CacheMatch", "CacheStats", "PartialMatch", "RadixCache"]
+
+# A child's entry in its parent's sorted list: (extra key, tokens, block id).
+_SortKey = tuple[int, tuple[int, ...], int]
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,13 +55,25 @@ class CacheMatch:
 
 
 @dataclass(frozen=True, slots=True)
+class PartialMatch:
+    """A cached block whose first ``num_tokens`` tokens (0 < num_tokens < block_size) are the
+    next tokens of a prompt, at the position right after a chain of full hits: its KV for those
+    positions is what the prompt's would be (same tokens before them, same positions)."""
+
+    block_id: int
+    num_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
 class CacheStats:
-    """Counters of a ``RadixCache`` since construction."""
+    """Counters of a ``RadixCache`` since construction (``num_partial_hit_tokens``: the tokens
+    ``match_partial`` found, besides the full blocks of ``num_hit_tokens``)."""
 
     num_lookups: int = 0
     num_hit_tokens: int = 0
     num_evictions: int = 0
     num_cached_blocks: int = 0
+    num_partial_hit_tokens: int = 0
 
 
 @dataclass(slots=True, eq=False)
@@ -65,6 +85,8 @@ class _Node:
     extra_key: int
     parent: _Node | None
     children: dict[int, _Node] = field(default_factory=dict)
+    # The children's sort keys, sorted (see the module docstring).
+    sorted_children: list[_SortKey] = field(default_factory=list)
 
 
 class RadixCache:
@@ -79,11 +101,13 @@ class RadixCache:
         self._hash_seed = hash_seed
         self._hasher = block_hasher(block_size, hash_seed)
         self._root_children: dict[int, _Node] = {}
+        self._root_sorted: list[_SortKey] = []
         self._nodes_by_block_id: list[_Node | None] = []
         self._num_cached_blocks = 0
         self._num_lookups = 0
         self._num_hit_tokens = 0
         self._num_evictions = 0
+        self._num_partial_hit_tokens = 0
 
     @property
     def block_size(self) -> int:
@@ -95,6 +119,9 @@ class RadixCache:
 
     def _children(self, parent: _Node | None) -> dict[int, _Node]:
         return self._root_children if parent is None else parent.children
+
+    def _sorted_children(self, parent: _Node | None) -> list[_SortKey]:
+        return self._root_sorted if parent is None else parent.sorted_children
 
     def _block_tokens(self, token_ids: Sequence[int], block_idx: int) -> tuple[int, ...]:
         start = block_idx * self._block_size
@@ -124,6 +151,54 @@ class RadixCache:
         self._num_lookups += 1
         self._num_hit_tokens += num_tokens
         return CacheMatch(block_ids=tuple(block_ids), num_tokens=num_tokens)
+
+    def match_partial(
+        self,
+        parent_block_id: int | None,
+        token_ids: Sequence[int],
+        extra_key: int = 0,
+        *,
+        exclude: Container[int] = (),
+    ) -> PartialMatch | None:
+        """The cached child of ``parent_block_id`` (None: the root) whose leading tokens agree
+        longest with ``token_ids`` (the prompt's tokens from that child's position on; only the
+        first ``block_size - 1`` are read), leaving out the block ids in ``exclude``; None when
+        no such child shares a first token. A tie goes to the child nearest the prompt's place in
+        sorted order, the left side first. Costs a binary search and a few comparisons, plus one
+        for each excluded child stepped over. Reads the tree only; counts the tokens found in
+        ``stats()``. ValueError when ``parent_block_id`` is not cached.
+        """
+        size = self._block_size
+        tail = tuple(token_ids[: size - 1])
+        if not tail:
+            return None
+        parent = None if parent_block_id is None else self._node(parent_block_id)
+        entries = self._sorted_children(parent)
+        place = bisect_left(entries, (extra_key, tail, -1))
+        best: PartialMatch | None = None
+        # Leftwards, then rightwards from the prompt's place: the shared run only shrinks with
+        # the distance, so each side ends at its first entry not excluded (or one sharing no
+        # more than the best so far); the excluded ones before it are stepped over.
+        for step in (-1, 1):
+            i = place - 1 if step < 0 else place
+            while 0 <= i < len(entries):
+                key, tokens, block_id = entries[i]
+                if key != extra_key:
+                    break
+                run = 0
+                for a, b in zip(tokens, tail, strict=False):
+                    if a != b:
+                        break
+                    run += 1
+                if run == 0 or (best is not None and run <= best.num_tokens):
+                    break
+                if block_id not in exclude:
+                    best = PartialMatch(block_id, run)
+                    break
+                i += step
+        if best is not None:
+            self._num_partial_hit_tokens += best.num_tokens
+        return best
 
     def insert(
         self,
@@ -210,8 +285,10 @@ class RadixCache:
                     by_block_id.extend([None] * (block_id + 1 - len(by_block_id)))
                 elif by_block_id[block_id] is not None:
                     raise ValueError(f"block {block_id} is already cached at another position")
-                node = _Node(block_hash, block_id, block_idx, block_tokens, extra_key, parent, {})
+                node = _Node(block_hash, block_id, block_idx, block_tokens, extra_key, parent, {}, [])
                 children[block_hash] = node
+                insort(self._root_sorted if parent is None else parent.sorted_children,
+                       (extra_key, block_tokens, block_id))
                 by_block_id[block_id] = node
                 self._num_cached_blocks += 1
                 num_inserted += 1
@@ -252,6 +329,8 @@ class RadixCache:
         if node.children:
             raise ValueError(f"block {block_id} is not a leaf ({len(node.children)} children)")
         del self._children(node.parent)[node.block_hash]
+        entries = self._sorted_children(node.parent)
+        entries.pop(bisect_left(entries, (node.extra_key, node.token_ids, block_id)))
         self._nodes_by_block_id[block_id] = None
         self._num_cached_blocks -= 1
         self._num_evictions += 1
@@ -262,6 +341,7 @@ class RadixCache:
             num_hit_tokens=self._num_hit_tokens,
             num_evictions=self._num_evictions,
             num_cached_blocks=self.num_cached_blocks,
+            num_partial_hit_tokens=self._num_partial_hit_tokens,
         )
 
     def check_invariants(self) -> None:
@@ -293,13 +373,20 @@ class RadixCache:
                 if self._lookup(node.block_id) is not node:
                     raise AssertionError(f"index entry of block {node.block_id} is wrong")
                 stack.append((node, node.children))
+            # after the nodes' own checks, which name a corrupted node more precisely
+            expected = sorted((n.extra_key, n.token_ids, n.block_id) for n in children.values())
+            if self._sorted_children(parent) != expected:
+                raise AssertionError(
+                    f"the sorted children of {'the root' if parent is None else parent.block_id} "
+                    "are not its children's keys in order"
+                )
         num_indexed = sum(node is not None for node in self._nodes_by_block_id)
         if not len(seen) == num_indexed == self._num_cached_blocks:
             raise AssertionError(
                 f"index has {num_indexed} blocks, tree has {len(seen)}, counter says "
                 f"{self._num_cached_blocks}"
             )
-        if min(self._num_lookups, self._num_hit_tokens, self._num_evictions) < 0:
+        if min(self._num_lookups, self._num_hit_tokens, self._num_evictions, self._num_partial_hit_tokens) < 0:
             raise AssertionError("a counter is negative")
         if self._num_hit_tokens % self._block_size != 0:
             raise AssertionError("num_hit_tokens is not a whole number of blocks")

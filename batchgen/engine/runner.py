@@ -99,7 +99,9 @@ class ModelRunner:
         return device
 
     def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
-        """Copy whole KV blocks src -> dst in every layer (forked samples' partial blocks)."""
+        """Copy whole KV blocks src -> dst in every layer (forked samples' partial blocks, prefix
+        hits that end inside a block). Every source is read before any destination is written:
+        one pair's destination may be another's source (the scheduler relies on it)."""
         if not pairs:
             return
         src = torch.tensor([p[0] for p in pairs], device=self.device)

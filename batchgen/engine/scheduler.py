@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from batchgen.engine.config import SchedulerConfig
 from batchgen.engine.sequence import Sequence, SequenceStatus
 from batchgen.engine.step_plan import DecodeBatch, ScheduledChunk, StepPlan, StepResult
-from batchgen.radix import BlockCopy, CacheMatch, KVCacheManager
+from batchgen.radix import BlockCopy, KVCacheManager
 
 __all__ = ["Scheduler", "SchedulerStats"]
 
@@ -132,6 +132,8 @@ class Scheduler:
         remaining = budget if budget is not None else 1 << 62
         running = SequenceStatus.RUNNING
         preempted = False
+        # The last plan's forward pass ran: the blocks it cached hold their KV.
+        self._kv.mark_written()
 
         # Sequences with one token to compute (decodes, and prompts down to their last token)
         # go first, oldest admission first, a token each while the budget lasts; their blocks
@@ -290,25 +292,32 @@ class Scheduler:
                 break
             seq = self._waiting[0]
             # Take at most all but the last token from cache: the last one must be computed to
-            # give the logits of the next token.
-            hit = self._kv.match_prefix(seq.token_ids[: self._max_cached_tokens(seq)])
-            num_new = self._num_new(seq.num_tokens - hit.num_tokens, remaining, planned)
+            # give the logits of the next token. Past the full blocks, a cached block may hold
+            # the next few tokens: they are copied into the prompt's first own block.
+            cacheable = seq.token_ids[: self._max_cached_tokens(seq)]
+            hit = self._kv.match_prefix(cacheable)
+            partial = self._kv.match_partial(hit, cacheable)
+            num_cached = hit.num_tokens + (0 if partial is None else partial.num_tokens)
+            num_new = self._num_new(seq.num_tokens - num_cached, remaining, planned)
             if num_new == 0 and not static:
                 break  # chunked prefill off: the prompt waits for a step with room (FIFO)
-            own = self._blocks_ahead(seq, hit.num_tokens + num_new) if watermark else 0
+            own = self._blocks_ahead(seq, num_cached + num_new) if watermark else 0
             if self._running and watermark:
-                needed = self._kv.num_blocks_needed(hit.num_tokens + num_new) - len(hit.block_ids)
+                needed = self._kv.num_blocks_needed(num_cached + num_new) - len(hit.block_ids)
                 if not exact and self._kv.num_free_blocks - needed < reserve + own:
                     reserve = self._exact_reserve(num_before, planned, planned_ones) + reserve_admitted
                     exact = True
                 if self._kv.num_free_blocks - needed < reserve + own:
                     break
-            if not self._kv.allocate(seq.seq_id, hit.num_tokens + num_new, hit):
+            if not self._kv.allocate(seq.seq_id, num_cached + num_new, hit):
                 break
+            if partial is not None:
+                dst = self._kv.block_table(seq.seq_id)[len(hit.block_ids)]
+                self._pending_copies.append(BlockCopy(src=partial.block_id, dst=dst))
             reserve += own
             reserve_admitted += own
             self._waiting.popleft()
-            self._start(seq, hit)
+            self._start(seq, num_cached)
             if num_new > 0:
                 planned[seq.seq_id] = num_new
                 remaining = max(0, remaining - num_new)
@@ -345,15 +354,16 @@ class Scheduler:
         start = self._prompt_logits_start(seq)
         return limit if start is None else min(limit, start)
 
-    def _start(self, seq: Sequence, hit: CacheMatch) -> None:
+    def _start(self, seq: Sequence, num_cached: int) -> None:
+        """`seq` runs, its first `num_cached` tokens served by the prefix cache."""
         seq.status = SequenceStatus.RUNNING
-        seq.num_computed_tokens = hit.num_tokens
+        seq.num_computed_tokens = num_cached
         seq.num_prefill_tokens = seq.num_tokens
         seq.admit_order = self._admit_counter
         self._admit_counter += 1
         if seq.num_cached_tokens < 0:
-            seq.num_cached_tokens = hit.num_tokens
-            self._cached_prompt_tokens += hit.num_tokens
+            seq.num_cached_tokens = num_cached
+            self._cached_prompt_tokens += num_cached
         self._running.append(seq)
 
     def _preempt(self, seq: Sequence) -> None:

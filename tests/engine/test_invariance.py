@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from batchgen import LLM, SamplingParams
+from batchgen.engine.runner import ModelRunner
 from tests.tiny_models import make_tiny_hf_folder
 
 
@@ -92,3 +93,45 @@ def test_bf16_linear_layers_give_bit_identical_logprobs_across_batch_and_chunkin
     assert logprobs(enable_prefix_caching=True, max_num_batched_tokens=None) == baseline
     assert logprobs(enable_prefix_caching=False, max_num_batched_tokens=8) == baseline
     assert logprobs(enable_prefix_caching=True, max_num_seqs=1) == baseline
+
+
+def test_partial_block_hits_give_the_same_logprobs_as_computing_the_tokens(
+    folder: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Prompts that share tokens with a finished one past its full blocks (16 tokens each): the
+    # shared tokens of the next block are copied from the cached block, not computed, and every
+    # logprob is the same bits as with the prefix cache off.
+    rng = random.Random(3)
+    shared = [rng.randrange(1000, 20000) for _ in range(21)]
+    first = shared + [rng.randrange(1000, 20000) for _ in range(11)]  # 2 full blocks
+    later = [
+        shared + [rng.randrange(1000, 20000) for _ in range(6)],  # block 0 hit, 5 tokens of block 1
+        shared[:9] + [rng.randrange(1000, 20000) for _ in range(6)],  # 9 tokens of block 0
+        first[:27],  # block 0 hit; 10 tokens of block 1, but the block is gone (below)
+    ]
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=0)
+    copies: list[list[tuple[int, int]]] = []
+    copy_blocks = ModelRunner.copy_blocks
+
+    def recorded(runner: ModelRunner, pairs: list[tuple[int, int]]) -> None:
+        copies.append(list(pairs))
+        copy_blocks(runner, pairs)
+
+    monkeypatch.setattr(ModelRunner, "copy_blocks", recorded)
+
+    def logprobs(outs: list) -> list[list[float]]:  # type: ignore[type-arg]
+        return [[lp[t] for lp, t in zip(o.outputs[0].logprobs, o.outputs[0].token_ids, strict=True)] for o in outs]
+
+    llm = LLM(str(folder), seed=0)
+    llm.generate([first], params, use_tqdm=False)
+    outs = llm.generate(later, params, use_tqdm=False)
+    # The three are admitted in one step. The first copies block 1 (first's second block) into
+    # its own block 2; the second's own block is then block 1 itself (a CPU pool reuses written
+    # blocks before new memory, cached ones included), into which it copies 9 tokens of block
+    # 0: the step's copies read every source before they write, so the first still gets block
+    # 1's old KV. The third finds block 1 evicted and computes from token 16.
+    assert [pairs for pairs in copies if pairs] == [[(1, 2), (0, 1)]]
+    assert [o.num_cached_tokens for o in outs] == [21, 9, 16]
+    reference = LLM(str(folder), seed=0, enable_prefix_caching=False).generate(later, params, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outs] == [o.outputs[0].token_ids for o in reference]
+    assert logprobs(outs) == logprobs(reference)

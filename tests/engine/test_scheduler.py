@@ -16,7 +16,7 @@ from batchgen.engine.sampling_params import SamplingParams
 from batchgen.engine.scheduler import Scheduler
 from batchgen.engine.sequence import Sequence, SequenceStatus
 from batchgen.engine.step_plan import StepPlan, StepResult
-from batchgen.radix import KVCacheManager
+from batchgen.radix import BlockCopy, KVCacheManager
 
 VOCAB = 50
 EOS = 49
@@ -136,9 +136,56 @@ def test_full_prompt_hit_still_computes_last_token() -> None:
     again = make_seq(1, prompt, max_tokens=1)
     sched.add(again)
     plan = step(sched, kv)
-    # the last block cannot come from cache (its last token must be computed): 4 cached tokens
-    assert [(c.start_pos, len(c.token_ids)) for c in plan.chunks] == [(4, 4)]
-    assert again.num_cached_tokens == 4
+    # the last block cannot be a hit (its last token must be computed): block 0 is, and the
+    # first 3 tokens of cached block 1 are copied into the prompt's own second block
+    (chunk,) = plan.chunks
+    assert (chunk.start_pos, len(chunk.token_ids), chunk.block_table[0]) == (7, 1, 0)
+    assert plan.block_copies == (BlockCopy(src=1, dst=chunk.block_table[1]),)
+    assert chunk.block_table[1] != 1
+    assert again.num_cached_tokens == 7
+    assert sched.stats().cached_prompt_tokens == 7
+
+
+def test_partial_hit_never_copies_a_block_cached_in_the_same_step() -> None:
+    sched, kv = make(num_blocks=20, budget=None)
+    a = make_seq(0, [1, 2, 3, 4, 5, 6, 70, 71, 72], max_tokens=1)
+    b = make_seq(1, [1, 2, 3, 4, 5, 6, 80, 81, 82], max_tokens=1)
+    sched.add(a)
+    sched.add(b)
+    plan = step(sched, kv)
+    # b takes a's block 0 (its KV is written by this step's forward pass, before b's
+    # attention reads it), but a copy runs before the forward pass: a's block 1 (5 6 70 71),
+    # cached in this step, is no source yet
+    assert [(c.seq_id, c.start_pos, c.block_table[:2]) for c in plan.chunks] == [(0, 0, (0, 1)), (1, 4, (0, 3))]
+    assert plan.block_copies == ()
+    # a step later both second blocks hold their KV; c shares 5 6 with each: the tie goes to
+    # the block nearest c's place in sorted order, b's (5 6 80 81) before c's (5 6 90 ...)
+    c = make_seq(2, [1, 2, 3, 4, 5, 6, 90, 91], max_tokens=1)
+    sched.add(c)
+    plan = step(sched, kv)
+    (chunk,) = plan.chunks
+    assert (chunk.start_pos, chunk.block_table[0]) == (6, 0)
+    assert plan.block_copies == (BlockCopy(src=3, dst=chunk.block_table[1]),)
+    assert c.num_cached_tokens == 6
+
+
+def test_partial_hit_at_the_root_and_with_caching_off() -> None:
+    sched, kv = make(budget=None)
+    sched.add(make_seq(0, [1, 2, 3, 4, 5], max_tokens=1))
+    step(sched, kv)
+    d = make_seq(1, [1, 2, 3, 9, 9], max_tokens=1)  # shares 3 tokens of cached block 0
+    sched.add(d)
+    plan = step(sched, kv)
+    assert [(c.start_pos, len(c.token_ids)) for c in plan.chunks] == [(3, 2)]
+    assert plan.block_copies == (BlockCopy(src=0, dst=plan.chunks[0].block_table[0]),)
+
+    sched, kv = make(budget=None, caching=False)
+    sched.add(make_seq(0, [1, 2, 3, 4, 5], max_tokens=1))
+    step(sched, kv)
+    sched.add(make_seq(1, [1, 2, 3, 9, 9], max_tokens=1))
+    plan = step(sched, kv)
+    assert [(c.start_pos, len(c.token_ids)) for c in plan.chunks] == [(0, 5)]
+    assert plan.block_copies == ()
 
 
 def test_admission_waits_for_free_blocks() -> None:

@@ -8,7 +8,9 @@ parent and tokens. After every operation:
 - the tree agrees with the shadow record: same cached blocks, parents and tokens, and a cached
   block holds the tokens the tree says (a cached block's tokens never change);
 - only blocks unreferenced before the operation were evicted;
-- match_prefix equals a naive walk over the shadow's cached blocks;
+- match_prefix equals a naive walk over the shadow's cached blocks, and match_partial finds as
+  many leading tokens past it as a naive scan of the cached blocks written before the last
+  mark_written (the shadow copies the block it names and checks the copied slots like the rest);
 - on a lazily committed pool, the blocks ever handed out number the peak of blocks in use.
 At teardown every sequence is freed and every block must be free.
 """
@@ -31,7 +33,7 @@ from hypothesis.stateful import (
 from batchgen.radix import hashing
 from batchgen.radix import radix_cache as radix_cache_module
 from batchgen.radix.kv_cache_manager import BlockCopy, KVCacheManager
-from batchgen.radix.radix_cache import CacheMatch
+from batchgen.radix.radix_cache import CacheMatch, PartialMatch
 
 _TOKEN = st.integers(0, 1)  # a tiny alphabet so that prefixes collide often
 
@@ -55,6 +57,7 @@ class _ManagerMachine(RuleBasedStateMachine):
         self.num_computed: dict[int, int] = {}
         self.kv: dict[int, list[int | None]] = {}  # block -> token in each slot (the "KV")
         self.cached: dict[int, tuple[int | None, tuple[int, ...]]] = {}  # block -> parent, tokens
+        self.unwritten: set[int] = set()  # cached since the last mark_written
         self.next_seq_id = 0
         self.prev_refs = [0] * self.num_blocks
         self.prev_num_evictions = 0
@@ -71,11 +74,17 @@ class _ManagerMachine(RuleBasedStateMachine):
         self.next_seq_id += 1
         return self.next_seq_id
 
-    def _write(self, seq_id: int, start: int, stop: int, num_old_blocks: int) -> None:
-        """Runner: fresh blocks start empty, then tokens [start, stop) are computed."""
+    def _write(
+        self, seq_id: int, start: int, stop: int, num_old_blocks: int, copy: tuple[int, list[int | None]] | None = None
+    ) -> None:
+        """Runner: fresh blocks start empty, a partial hit's block is copied in (`copy`: the
+        destination and the source's KV as it was before the allocation), then tokens
+        [start, stop) are computed."""
         table = self.manager.block_table(seq_id)
         for block_id in table[num_old_blocks:]:
             self.kv[block_id] = [None] * self.block_size
+        if copy is not None:
+            self.kv[copy[0]] = list(copy[1])
         for pos in range(start, stop):
             self.kv[table[pos // self.block_size]][pos % self.block_size] = self.token_ids[seq_id][
                 pos
@@ -99,6 +108,23 @@ class _ManagerMachine(RuleBasedStateMachine):
             parent = found[0]
         return CacheMatch(tuple(block_ids), len(block_ids) * self.block_size)
 
+    def _naive_partial(self, hit: CacheMatch, token_ids: Sequence[int]) -> int:
+        """The most leading tokens of ``token_ids`` past ``hit`` that a written cached block at
+        that position holds (fewer than a block)."""
+        if not self.enable_prefix_caching:
+            return 0
+        parent = hit.block_ids[-1] if hit.block_ids else None
+        tail = token_ids[hit.num_tokens :][: self.block_size - 1]
+        best = 0
+        for block_id, (block_parent, block_tokens) in self.cached.items():
+            if block_parent != parent or block_id in self.unwritten:
+                continue
+            run = 0
+            while run < len(tail) and block_tokens[run] == tail[run]:
+                run += 1
+            best = max(best, run)
+        return best
+
     # -- rules ----------------------------------------------------------------------------
     @rule(data=st.data(), num_chunk_tokens=st.integers(1, 8))
     def add(self, data: st.DataObject, num_chunk_tokens: int) -> None:
@@ -111,7 +137,17 @@ class _ManagerMachine(RuleBasedStateMachine):
         token_ids = base + data.draw(st.lists(_TOKEN, min_size=1, max_size=10), label="tail")
         hit = self.manager.match_prefix(token_ids[:-1])
         assert hit == self._naive_match(token_ids[:-1])
-        num_tokens = min(len(token_ids), hit.num_tokens + num_chunk_tokens)
+        partial: PartialMatch | None = None
+        if data.draw(st.booleans(), label="partial"):
+            partial = self.manager.match_partial(hit, token_ids[:-1])
+            assert (0 if partial is None else partial.num_tokens) == self._naive_partial(hit, token_ids[:-1])
+            if partial is not None:
+                event("add: partial hit")
+                assert self.cached[partial.block_id][0] == (hit.block_ids[-1] if hit.block_ids else None)
+                assert partial.block_id not in self.unwritten
+        num_cached = hit.num_tokens + (0 if partial is None else partial.num_tokens)
+        num_tokens = min(len(token_ids), num_cached + num_chunk_tokens)
+        source_kv = None if partial is None else list(self.kv[partial.block_id])
         seq_id = self._new_seq_id()
         before = self._snapshot()
         can = self.manager.can_allocate(seq_id, num_tokens, hit)
@@ -129,7 +165,8 @@ class _ManagerMachine(RuleBasedStateMachine):
             assert self.kv[block_id] == token_ids[start : start + self.block_size]
         self._check_evictions()
         self.token_ids[seq_id] = token_ids
-        self._write(seq_id, hit.num_tokens, num_tokens, len(hit.block_ids))
+        copy = None if source_kv is None else (table[len(hit.block_ids)], source_kv)
+        self._write(seq_id, num_cached, num_tokens, len(hit.block_ids), copy)
         if data.draw(st.booleans(), label="cache now"):
             self._cache_blocks(seq_id)
 
@@ -175,7 +212,14 @@ class _ManagerMachine(RuleBasedStateMachine):
                 parent = table[block_idx - 1] if block_idx else None
                 start = block_idx * self.block_size
                 self.cached[block_id] = (parent, tuple(token_ids[start : start + self.block_size]))
+                self.unwritten.add(block_id)
         assert self.manager.stats().num_evictions == num_evictions
+
+    @rule()
+    def mark_written(self) -> None:
+        """A forward pass ran: every cached block may be a partial hit's source."""
+        self.manager.mark_written()
+        self.unwritten.clear()
 
     @precondition(lambda self: bool(self.token_ids))
     @rule(data=st.data())
@@ -220,6 +264,7 @@ class _ManagerMachine(RuleBasedStateMachine):
         for block_id in evicted:
             assert self.prev_refs[block_id] == 0, f"referenced block {block_id} was evicted"
             del self.cached[block_id]
+            self.unwritten.discard(block_id)
         if evicted:
             event("evicted")
         num_evictions = self.manager.stats().num_evictions

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from batchgen.radix import radix_cache as radix_cache_module
 from batchgen.radix.hashing import hash_blocks
-from batchgen.radix.radix_cache import CacheMatch, CacheStats, RadixCache
+from batchgen.radix.radix_cache import CacheMatch, CacheStats, PartialMatch, RadixCache
 
 A = [1, 2, 3, 4]
 B = [5, 6, 7, 8]
@@ -200,6 +200,86 @@ def test_evict_leaves_only() -> None:
     assert cache.stats() == CacheStats(num_lookups=1, num_hit_tokens=4, num_evictions=3)
     # The freed ids can be cached again, at other positions.
     assert _insert(cache, D + A, [2, 0]) == 2
+
+
+def test_match_partial_finds_the_longest_leading_run_under_the_chain() -> None:
+    cache = _cache()
+    _insert(cache, [*A, 5, 6, 70, 80], [0, 1])  # under A: 5 6 70 80
+    _insert(cache, [*A, 5, 60, 7, 8], [0, 2])  # under A: 5 60 7 8
+    _insert(cache, [5, 6, 7, 8], [3])  # under the root: same tokens, another position
+    # after A, the prompt goes on 5 6 7: block 1 holds its first two tokens, block 2 one
+    assert cache.match_partial(0, [5, 6, 7, 9, 9]) == PartialMatch(block_id=1, num_tokens=2)
+    assert cache.match_partial(0, [5, 60]) == PartialMatch(block_id=2, num_tokens=2)
+    assert cache.match_partial(0, [5]) in (PartialMatch(1, 1), PartialMatch(2, 1))
+    # only the position under the chain counts: block 3 holds 5 6 7 8 at position 0
+    assert cache.match_partial(None, [5, 6, 7]) == PartialMatch(block_id=3, num_tokens=3)
+    assert cache.match_partial(None, [1, 2, 3, 9]) == PartialMatch(block_id=0, num_tokens=3)
+    assert cache.match_partial(0, [9, 6, 7]) is None  # no child shares the first token
+    assert cache.match_partial(0, []) is None
+    # at most block_size - 1 tokens: a whole block is match's, not a partial hit
+    assert cache.match_partial(None, [5, 6, 7, 8, 9]) == PartialMatch(block_id=3, num_tokens=3)
+    assert cache.stats().num_partial_hit_tokens == 2 + 2 + 1 + 3 + 3 + 3
+    with pytest.raises(ValueError, match="not cached"):
+        cache.match_partial(9, [5])
+
+
+def test_match_partial_leaves_out_excluded_blocks_and_other_keys() -> None:
+    cache = _cache()
+    _insert(cache, [5, 6, 7, 1], [1])
+    _insert(cache, [5, 6, 7, 2], [2])
+    _insert(cache, [5, 6, 8, 8], [3])
+    _insert(cache, [5, 9, 9, 9], [4])
+    assert cache.match_partial(None, [5, 6, 7]).num_tokens == 3  # type: ignore[union-attr]
+    assert cache.match_partial(None, [5, 6, 7], exclude={1}) == PartialMatch(2, 3)
+    assert cache.match_partial(None, [5, 6, 7], exclude={1, 2}) == PartialMatch(3, 2)
+    assert cache.match_partial(None, [5, 6, 7], exclude={1, 2, 3}) == PartialMatch(4, 1)
+    assert cache.match_partial(None, [5, 6, 7], exclude={1, 2, 3, 4}) is None
+    assert cache.match_partial(None, [5, 6, 7], extra_key=1) is None
+    cache.insert([5, 6, 7, 3], [5], extra_key=1)
+    cache.check_invariants()
+    assert cache.match_partial(None, [5, 6, 9], extra_key=1) == PartialMatch(5, 2)
+    # an evicted block is gone from its parent's sorted children
+    cache.evict(1)
+    cache.evict(2)
+    cache.check_invariants()
+    assert cache.match_partial(None, [5, 6, 7]) == PartialMatch(3, 2)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    blocks=st.lists(st.tuples(st.integers(0, 2), st.lists(st.integers(0, 2), min_size=4, max_size=4)), max_size=12),
+    prompt=st.lists(st.integers(0, 2), max_size=6),
+    excluded=st.sets(st.integers(0, 11)),
+)
+def test_match_partial_agrees_with_a_scan_of_the_children(
+    blocks: list[tuple[int, list[int]]], prompt: list[int], excluded: set[int]
+) -> None:
+    """Root children with a tiny alphabet and three extra keys: the run found is the longest
+    that any non-excluded child of the same key shares, and the block named has it."""
+    cache = _cache()
+    for block_id, (key, tokens) in enumerate(blocks):
+        cache.insert(tokens, [block_id], extra_key=key)
+    cache.check_invariants()
+    for key in range(3):
+        found = cache.match_partial(None, prompt, extra_key=key, exclude=excluded)
+
+        def run(tokens: Sequence[int]) -> int:
+            n = 0
+            while n < min(len(prompt), 3) and tokens[n] == prompt[n]:
+                n += 1
+            return n
+
+        children = [
+            (block_id, cache.block_token_ids(block_id))
+            for block_id, (k, _) in enumerate(blocks)
+            if k == key and cache.is_cached(block_id) and block_id not in excluded
+        ]
+        best = max((run(tokens) for _, tokens in children), default=0)
+        if best == 0:
+            assert found is None
+        else:
+            assert found is not None and found.num_tokens == best
+            assert found.block_id not in excluded and run(cache.block_token_ids(found.block_id)) == best
 
 
 def test_queries_on_uncached_block_raise() -> None:
