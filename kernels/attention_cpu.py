@@ -27,6 +27,7 @@ import hashlib
 import os
 import platform
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
@@ -85,6 +86,23 @@ def build_cpu_kernel_variant(
     from torch.utils.cpp_extension import load
 
     extra = tuple(f"-D{d}" for d in defines)
+    full_name = _extension_name(defines, include_dirs, name)
+    with _builder_lock(full_name):
+        module: ModuleType = load(
+            name=full_name,
+            sources=[str(_SOURCE)],
+            extra_cflags=[*_CFLAGS, *extra],
+            extra_include_paths=[str(p) for p in include_dirs],
+            extra_ldflags=["-fopenmp"],
+            verbose=False,
+        )
+    return module
+
+
+def _extension_name(defines: tuple[str, ...], include_dirs: tuple[Path, ...], name: str) -> str:
+    """`name` and a key of everything the build depends on: torch's extension name, and its
+    build folder's."""
+    extra = tuple(f"-D{d}" for d in defines)
     headers = sorted(p for folder in include_dirs for p in folder.glob("*.h"))
     # The source folder is in the key too: torch rebuilds an extension whose source paths changed,
     # so two checkouts sharing one name would rebuild it in turn (half a minute each time).
@@ -95,15 +113,37 @@ def build_cpu_kernel_variant(
         + torch.__version__.encode()
         + str(_SOURCE.parent.resolve()).encode()
     ).hexdigest()[:12]
-    module: ModuleType = load(
-        name=f"{name}_{key}",
-        sources=[str(_SOURCE)],
-        extra_cflags=[*_CFLAGS, *extra],
-        extra_include_paths=[str(p) for p in include_dirs],
-        extra_ldflags=["-fopenmp"],
-        verbose=False,
-    )
-    return module
+    return f"{name}_{key}"
+
+
+@contextlib.contextmanager
+def _builder_lock(name: str) -> Iterator[None]:
+    """Hold an exclusive `flock` on the extension's build folder while torch builds or loads it,
+    and clear a `lock` file that torch's own lock left there.
+
+    torch's `load()` takes a lock file in the build folder for every load (created with O_EXCL,
+    waited on by polling until it is gone) and removes it when done. A process killed inside
+    `load()` leaves the file, and every later load waits on it forever: a job or a test run that
+    hangs, with nothing said. An `flock` is released by the kernel when its process dies, so
+    while this one is held no other batchgen process is inside `load()` for this folder, and a
+    lock file found then is such a leftover. Where flock or torch's folder layout is not there,
+    only torch's lock is used."""
+    try:
+        import fcntl
+
+        from torch.utils.cpp_extension import _get_build_directory
+
+        folder = Path(_get_build_directory(name, False))
+    except (ImportError, AttributeError, OSError):
+        yield
+        return
+    with open(folder / "batchgen.flock", "a") as guard:
+        fcntl.flock(guard, fcntl.LOCK_EX)
+        try:
+            (folder / "lock").unlink(missing_ok=True)
+            yield
+        finally:
+            fcntl.flock(guard, fcntl.LOCK_UN)
 
 
 @functools.cache
