@@ -8,7 +8,7 @@ listed in `__all__`. This package imports torch (and triton lazily), nothing of 
 from __future__ import annotations
 
 from .cpu_memory import keep_freed_memory
-from .cpu_threads import release_openmp_threads
+from .cpu_threads import OpenMPThreads, release_openmp_threads
 from .dispatch import (
     Backend,
     RmsNormOutput,
@@ -43,6 +43,7 @@ __all__ = [
     "AttentionMetadata",
     "Backend",
     "GreedyHead",
+    "OpenMPThreads",
     "PackedLinear",
     "RmsNormOutput",
     "apply_token_bitmask",

@@ -776,44 +776,48 @@ std::pair<int64_t, int64_t> linear_panel_widths() {
 #endif
 }
 
+// Every function runs without the GIL (its arguments are converted before, its result after):
+// none touches a Python object, and a decode step's two streams (batchgen/engine/cpu_streams.py)
+// run the kernels on two threads at once.
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  const auto kNoGil = py::call_guard<py::gil_scoped_release>();
   m.def("paged_attention", &paged_attention, "paged attention over the KV block pool (float32, CPU)",
         py::arg("query"), py::arg("k_cache"), py::arg("v_cache"), py::arg("block_tables"), py::arg("seq_lens"),
         py::arg("query_start_loc"), py::arg("scale"), py::arg("sliding_window") = py::none(),
-        py::arg("logits_soft_cap") = py::none());
-  m.def("rms_norm", &rms_norm, "RMSNorm with the residual add (float32, CPU)");
-  m.def("rotary_embedding", &rotary_embedding, "rotary embedding in place (float32, CPU)");
-  m.def("silu_and_mul", &silu_and_mul, "silu(gate) * up of a fused [gate | up] (float32, CPU)");
-  m.def("write_kv", &write_kv, "store each token's K/V at its pool slot (float32, CPU)");
-  m.def("argmax_rows", &argmax_rows, "index of each row's largest value, as torch.argmax (float32, CPU)");
+        py::arg("logits_soft_cap") = py::none(), kNoGil);
+  m.def("rms_norm", &rms_norm, "RMSNorm with the residual add (float32, CPU)", kNoGil);
+  m.def("rotary_embedding", &rotary_embedding, "rotary embedding in place (float32, CPU)", kNoGil);
+  m.def("silu_and_mul", &silu_and_mul, "silu(gate) * up of a fused [gate | up] (float32, CPU)", kNoGil);
+  m.def("write_kv", &write_kv, "store each token's K/V at its pool slot (float32, CPU)", kNoGil);
+  m.def("argmax_rows", &argmax_rows, "index of each row's largest value, as torch.argmax (float32, CPU)", kNoGil);
   m.def("linear_panel_widths", &linear_panel_widths,
-        "the packed linear kernel's panel width and the gated kernel's gate columns per panel ((0, 0): none here)");
+        "the packed linear kernel's panel width and the gated kernel's gate columns per panel ((0, 0): none here)", kNoGil);
 #if defined(BATCHGEN_TILE16)
   m.def("packed_silu_gate_up", &packed_silu_gate_up, "silu(x G^T) * (x U^T) over a gate/up-packed weight (float32, CPU)",
-        py::arg("x"), py::arg("packed"), py::arg("intermediate"));
+        py::arg("x"), py::arg("packed"), py::arg("intermediate"), kNoGil);
   m.def("packed_linear", &packed_linear, "x W^T + b over a column-packed weight (float32, CPU)", py::arg("x"),
-        py::arg("packed"), py::arg("out_features"), py::arg("bias") = py::none());
+        py::arg("packed"), py::arg("out_features"), py::arg("bias") = py::none(), kNoGil);
 #if defined(BATCHGEN_BF16_DOT)
   m.def("packed_linear_bf16", &packed_linear_bf16,
         "x W^T + b with bfloat16 products summed in float32, over a bfloat16-pair panel weight (CPU)", py::arg("x"),
-        py::arg("packed"), py::arg("out_features"), py::arg("bias") = py::none());
+        py::arg("packed"), py::arg("out_features"), py::arg("bias") = py::none(), kNoGil);
   m.def("packed_silu_gate_up_bf16", &packed_silu_gate_up_bf16,
         "silu(x G^T) * (x U^T) with bfloat16 products summed in float32 (CPU)", py::arg("x"), py::arg("packed"),
-        py::arg("intermediate"));
+        py::arg("intermediate"), kNoGil);
 #endif
 #if defined(BATCHGEN_INT8_DOT)
   m.def("greedy_estimate_int8", &greedy_estimate_int8,
         "the LM head's logits from int8 x and weights (AVX512-VNNI), with each row's bound terms", py::arg("x"),
-        py::arg("w8"), py::arg("scales"));
+        py::arg("w8"), py::arg("scales"), kNoGil);
   m.def("greedy_screen_int8", &greedy_screen_int8,
         "each row's greedy token from int8 logit estimates and float32 logits of the candidates (-1: undecided)",
         py::arg("estimates"), py::arg("a"), py::arg("xn"), py::arg("x"), py::arg("packed"), py::arg("bsum"),
-        py::arg("bnorm"), py::arg("q"), py::arg("max_candidates"), py::arg("rows") = py::none());
+        py::arg("bnorm"), py::arg("q"), py::arg("max_candidates"), py::arg("rows") = py::none(), kNoGil);
 #endif
   m.def("greedy_screen", &greedy_screen,
         "each row's greedy token from logit estimates (bfloat16 operands, float32) and float32 logits of the candidates (-1: undecided)",
         py::arg("estimates"), py::arg("x"), py::arg("packed"), py::arg("norms"), py::arg("coef"),
-        py::arg("max_candidates"), py::arg("rows") = py::none());
+        py::arg("max_candidates"), py::arg("rows") = py::none(), kNoGil);
 #endif
-  m.def("apply_token_bitmask", &apply_token_bitmask, "grammar bitmasks applied to logits rows in place (float32, CPU)");
+  m.def("apply_token_bitmask", &apply_token_bitmask, "grammar bitmasks applied to logits rows in place (float32, CPU)", kNoGil);
 }

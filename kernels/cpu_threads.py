@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import ctypes
 
-__all__ = ["release_openmp_threads"]
+__all__ = ["OpenMPThreads", "release_openmp_threads"]
 
 _OMP_PAUSE_SOFT = 1
 
@@ -49,3 +49,25 @@ def release_openmp_threads() -> bool:
     later) is loaded, or one refused (called inside a parallel region)."""
     libs = _libgomps()
     return bool(libs) and all(int(lib.omp_pause_resource_all(_OMP_PAUSE_SOFT)) == 0 for lib in libs)
+
+
+
+class OpenMPThreads:
+    """The calling thread's OpenMP thread count (its `nthreads` setting, which the parallel
+    regions of torch's ops and batchgen's kernels started on that thread follow), in every
+    libgomp loaded when this was made. A count of 1 runs a thread's ops on the thread itself,
+    starting no team."""
+
+    def __init__(self) -> None:
+        self._libs = _libgomps()
+
+    @property
+    def available(self) -> bool:
+        """Whether a libgomp was loaded (else `set` changes nothing)."""
+        return bool(self._libs)
+
+    def set(self, num_threads: int) -> None:
+        """Set the calling thread's count in each of them (torch's among them: which one it is,
+        torch's own `get_num_threads` tells by its result)."""
+        for lib in self._libs:
+            lib.omp_set_num_threads(num_threads)
