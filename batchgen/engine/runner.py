@@ -141,8 +141,12 @@ class ModelRunner:
         arrays, inputs = self._inputs(plan)
         if arrays.prompt_logits_spans:
             raise ValueError("execute_greedy computes no prompt logits: this plan asks for some")
-        tokens = self.model.greedy_tokens(self.model.final_hidden(*inputs))
-        return StepTokens([int(t) for t in tokens.tolist()], arrays.sampling_seq_ids)
+        return StepTokens(self._greedy(inputs), arrays.sampling_seq_ids)
+
+    def _greedy(self, inputs: _ForwardInputs) -> list[int]:
+        """The greedy token of each sampling row of one forward pass."""
+        tokens: list[int] = self.model.greedy_tokens(self.model.final_hidden(*inputs)).tolist()
+        return tokens
 
     def _streams_for(self, plan: StepPlan) -> TwoStreams | None:
         """The two streams where this plan runs in them (`batchgen.engine.cpu_streams`): a CPU
@@ -165,7 +169,7 @@ class ModelRunner:
         balances the halves' work: a row's projections and LM head cost about what attention
         over 320 tokens of its context does (batch 256 on the 2-core EPYC: 0.41 ms a row against
         1.3 us a context token)."""
-        self.copy_blocks([(c.src, c.dst) for c in plan.block_copies])
+        self._apply_copies(plan)
         chunks = plan.chunks
         costs = [320 + c.start_pos for c in chunks]
         half, total, cut = 0, sum(costs), 0
@@ -175,19 +179,17 @@ class ModelRunner:
         cut = max(cut, 1)
         first_arrays, first_inputs = self._arrays_and_inputs(chunks[:cut])
         second_arrays, second_inputs = self._arrays_and_inputs(chunks[cut:])
-
-        def greedy(inputs: _ForwardInputs) -> list[int]:
-            tokens: list[int] = self.model.greedy_tokens(self.model.final_hidden(*inputs)).tolist()
-            return tokens
-
-        first, second = streams.run(lambda: greedy(first_inputs), lambda: greedy(second_inputs))
+        first, second = streams.run(lambda: self._greedy(first_inputs), lambda: self._greedy(second_inputs))
         self.num_split_steps += 1
         return StepTokens(first + second, first_arrays.sampling_seq_ids + second_arrays.sampling_seq_ids)
 
     def _inputs(self, plan: StepPlan) -> tuple[StepArrays, _ForwardInputs]:
         """Applies the plan's block copies; the step's arrays and the forward pass's arguments."""
-        self.copy_blocks([(c.src, c.dst) for c in plan.block_copies])
+        self._apply_copies(plan)
         return self._arrays_and_inputs(plan.chunks)
+
+    def _apply_copies(self, plan: StepPlan) -> None:
+        self.copy_blocks([(c.src, c.dst) for c in plan.block_copies])
 
     def _arrays_and_inputs(self, chunks: Sequence[ScheduledChunk]) -> tuple[StepArrays, _ForwardInputs]:
         """The arrays of `chunks` and the forward pass's arguments."""
