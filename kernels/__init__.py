@@ -24,7 +24,13 @@ from .dispatch import (
     silu_and_mul,
     write_kv,
 )
-from .greedy_cpu import GreedyHead, greedy_head_supported, greedy_tokens, pack_greedy_head
+from .greedy_cpu import (
+    GreedyHead,
+    greedy_head_supported,
+    greedy_screen_available,
+    greedy_tokens,
+    pack_greedy_head,
+)
 from .linear_cpu import (
     PackedLinear,
     batchgen_bf16_linear,
@@ -51,6 +57,7 @@ __all__ = [
     "batchgen_bf16_linear",
     "bf16_linear_supported",
     "greedy_head_supported",
+    "greedy_screen_available",
     "greedy_tokens",
     "is_kv_cache_lazy",
     "keep_freed_memory",

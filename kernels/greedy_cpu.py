@@ -59,9 +59,24 @@ import torch
 
 from .attention_cpu import _named, load_cpu_kernel
 from .dispatch import argmax
-from .linear_cpu import PackedLinear, batchgen_bf16_linear, linear, pack_linear_weight
+from .linear_cpu import (
+    PackedLinear,
+    batchgen_bf16_linear,
+    batchgen_linear_panel,
+    linear,
+    pack_linear_weight,
+)
 
-__all__ = ["GreedyHead", "Int8Head", "estimate_logits", "greedy_head_supported", "greedy_int8_supported", "greedy_tokens", "pack_greedy_head"]
+__all__ = [
+    "GreedyHead",
+    "Int8Head",
+    "estimate_logits",
+    "greedy_head_supported",
+    "greedy_int8_supported",
+    "greedy_screen_available",
+    "greedy_tokens",
+    "pack_greedy_head",
+]
 
 # Candidates computed in float32 per row before the row takes the full product instead: 512 of
 # them cost about 0.3 ms of scalar FMA chains (K = 576), a full SmolLM2 row about 2 ms.
@@ -110,6 +125,15 @@ def greedy_int8_supported() -> bool:
         return hasattr(load_cpu_kernel(), "greedy_estimate_int8")
     except RuntimeError:  # no compiler: no CPU kernels at all
         return False
+
+
+def greedy_screen_available() -> bool:
+    """Whether this machine screens a float32 LM head: batchgen's float32 kernel is built (the
+    screen's candidates use its arithmetic) and so is an estimate (bfloat16 or int8). Where it
+    is, the model packs its head for batchgen's kernel even where the projections use MKL (an
+    Intel CPU): the screen takes a greedy step's head from a full float32 product, a fifth of
+    SmolLM2's decode FLOPs, to a few candidates a row."""
+    return batchgen_linear_panel() > 0 and (batchgen_bf16_linear() or greedy_int8_supported())
 
 
 def greedy_head_supported(head: PackedLinear) -> bool:

@@ -5,7 +5,7 @@ sgemm repacks that weight into its own blocked layout on every call: at decode b
 of rows) the repacking is a large share of the work. Packing once at load removes it. Two
 packers exist in PyTorch builds, the ones its own CPU compiler (inductor with freezing) uses:
 
-- MKL's `cblas_sgemm_pack` (`torch.ops.mkl`), preferred on Intel CPUs: on this project's 2-core
+- MKL's `cblas_sgemm_pack` (`torch.ops.mkl`), preferred on Intel CPUs without AVX-512: on a 2-core
   AVX-512 Xeon the 30 layers' projections at 64 rows took 67-70 ms against 81-104 for oneDNN and
   84-91 for plain `F.linear`, about the same as plain at prefill sizes (2048 rows), and the
   results equal plain `F.linear`'s bit for bit from 17 rows up (the same MKL kernels without the
@@ -46,9 +46,12 @@ oneDNN's and MKL's kernels wait on them: on the 2-core AVX-512 AMD EPYC, the 30 
 head with cold weights took 38.0 ms at 64 rows against oneDNN's 51.9, 20.3 against 30.5 at 32,
 159 against 169 at 256. Each output is one FMA chain in k order, so a row's result does not depend
 on the batch around it (batch invariance) and is the same in every build of the kernel. It is the
-choice on AVX-512 CPUs not made by Intel; on Intel's, MKL stays until the kernel is measured there
-(`jobs/bench/linear_kernel.py`), and on AVX2-only CPUs oneDNN (the AVX2 build of the kernel exists,
-tested, not measured faster).
+choice on every CPU with AVX-512. On a 2-core Intel Xeon (Emerald Rapids, 2026-12-05,
+`jobs/bench/linear_kernel.py`) it took 29-35 ms against MKL's 36-46 at 16-32 rows, 59-62 against
+63-68 at 64, about the same at 128, 182-184 against 164-166 at 256; in whole runs of the ShareGPT
+benchmarks (64 requests) single-turn ran 15.1-15.5 s against 16.0-16.9 with MKL's projections and
+batchgen's LM head, multi-turn the same (30.4 s both). On AVX2-only CPUs: oneDNN, or MKL on
+Intel's (the AVX2 build of the kernel exists, tested, not measured faster).
 
 `linear` takes a plain weight or a packed one, so the model calls one function; `F.linear` on
 plain weights stays the reference path (attention backend "torch"). Imports torch only.
@@ -148,14 +151,14 @@ def cpu_vendor() -> str:
 
 @functools.cache
 def packed_linear_library() -> str | None:
-    """The packer the models use (see the module docstring): "mkl" on an Intel CPU; batchgen's
-    kernel on other CPUs with AVX-512, else "onednn"; whichever the build has where the preferred
-    one is missing; None where there is none."""
+    """The packer the models use (see the module docstring): batchgen's kernel on a CPU with
+    AVX-512; else "mkl" on an Intel CPU and "onednn" on others; whichever the build has where the
+    preferred one is missing; None where there is none."""
     panel = batchgen_linear_panel()
-    if cpu_vendor() == "GenuineIntel":
-        preferred: tuple[str, ...] = ("mkl", "onednn", "batchgen")
-    elif panel == 48:  # the AVX-512 build
-        preferred = ("batchgen", "onednn", "mkl")
+    if panel == 48:  # the AVX-512 build
+        preferred: tuple[str, ...] = ("batchgen", "onednn", "mkl")
+    elif cpu_vendor() == "GenuineIntel":
+        preferred = ("mkl", "onednn", "batchgen")
     else:
         preferred = ("onednn", "mkl", "batchgen")
     found = (*packing_libraries(), *(("batchgen",) if panel else ()))

@@ -29,6 +29,7 @@ from batchgen.kernels import (
     argmax,
     bf16_linear_supported,
     greedy_head_supported,
+    greedy_screen_available,
     greedy_tokens,
     keep_freed_memory,
     linear,
@@ -88,9 +89,10 @@ class DecoderModel:
         CPU model on a compiled backend only; see kernels/linear_cpu.py). Raises KeyError for a
         missing tensor, ValueError for an architecture without a family or a `linear_dtype` this
         model cannot take, and RuntimeError for an explicit "cpu" backend whose kernel cannot be
-        built or a CPU without bfloat16 linear layers. `greedy_screen`: where the LM head runs on
-        batchgen's float32 kernel, keep a bfloat16 copy of it for `greedy_tokens` (see
-        kernels/greedy_cpu.py; the tokens are the float32 head's either way)."""
+        built or a CPU without bfloat16 linear layers. `greedy_screen`: where this machine can screen a
+        float32 LM head (`greedy_screen_available`), pack the head for batchgen's kernel and keep an
+        int8 or bfloat16 copy of it for `greedy_tokens` (see kernels/greedy_cpu.py; the tokens are
+        the float32 head's either way)."""
         self.config = config
         self.device = device
         self.dtype = dtype
@@ -122,8 +124,17 @@ class DecoderModel:
             for layer in self.layers:
                 layer.pack(self.linear_dtype)
             head_weight = self.embed if parts.lm_head is None else parts.lm_head
-            self.lm_head = pack_linear_weight(head_weight, compute_dtype=self.linear_dtype)
-            if greedy_screen and self.final_logit_softcap is None and greedy_head_supported(self.lm_head):
+            screened = (
+                greedy_screen
+                and self.final_logit_softcap is None
+                and self.linear_dtype == torch.float32
+                and greedy_screen_available()
+            )
+            # A screened head is packed for batchgen's kernel, whatever the projections use (MKL on
+            # an Intel CPU): the screen checks its candidates with that kernel's arithmetic.
+            head_library = "batchgen" if screened else None
+            self.lm_head = pack_linear_weight(head_weight, head_library, compute_dtype=self.linear_dtype)
+            if screened and greedy_head_supported(self.lm_head):
                 # a tied head's rows are the embedding table, kept anyway
                 self._greedy_head = pack_greedy_head(self.lm_head, head_weight, keep_rows=parts.lm_head is None)
         elif device.type == "cpu" and self._backend != "torch":

@@ -76,6 +76,29 @@ def test_greedy_steps_give_the_logits_paths_tokens(folder: Path) -> None:
     assert all(len(set(t[0])) > 1 for t in tokens)  # not one token repeated: a real comparison
 
 
+@pytest.mark.skipif(not screen_here or "mkl" not in linear_cpu.packing_libraries(), reason="needs the screen and MKL")
+def test_the_head_is_screened_where_the_projections_use_another_library(
+    folder: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # MKL's projections (the choice on an Intel CPU without AVX-512) with the screen this CPU has:
+    # the head alone is packed for batchgen's kernel, which the screen checks its candidates with.
+    from batchgen.models import decoder, mlp
+
+    for module in (linear_cpu, decoder, mlp):
+        monkeypatch.setattr(module, "packed_linear_library", lambda: "mkl")
+    engine = LLMEngine(
+        load_checkpoint(folder), scheduler_config=SchedulerConfig(), cache_config=CacheConfig(),
+        runner_config=RunnerConfig(device="cpu"),
+    )
+    model = engine.runner.model
+    assert model.layers[0].attention.qkv.library == "mkl"
+    assert model.lm_head.library == "batchgen" and model.has_greedy_head
+    tokens, calls = _run(folder, [_greedy() for _ in PROMPTS])
+    assert calls["has_greedy_head"] == 1 and calls["greedy_tokens"] > 0
+    with_logprobs, _ = _run(folder, [_greedy(logprobs=0) for _ in PROMPTS])
+    assert tokens == with_logprobs
+
+
 @pytest.mark.usefixtures("batchgen_head")
 def test_one_request_needing_logits_takes_the_logits_path_until_it_finishes(folder: Path) -> None:
     params = [_greedy() for _ in PROMPTS]

@@ -82,17 +82,19 @@ def test_pack_rejects_other_dtypes_and_shapes(weight: torch.Tensor) -> None:
         ("GenuineIntel", ("onednn",), 0, "onednn"),
         ("AuthenticAMD", ("mkl",), 0, "mkl"),
         ("GenuineIntel", (), 0, None),
-        # batchgen's kernel: first where its AVX-512 build (panel 48) runs on a CPU not made by
-        # Intel (measured faster there); last otherwise (not measured faster), but before nothing.
+        # batchgen's kernel: first where its AVX-512 build (panel 48) runs, on any vendor's CPU
+        # (measured faster on an AMD EPYC and an Intel Xeon); last otherwise (its AVX2 build, not
+        # measured faster), but before nothing.
         ("AuthenticAMD", ("mkl", "onednn"), 48, "batchgen"),
         ("", ("onednn",), 48, "batchgen"),
         ("AuthenticAMD", ("mkl", "onednn"), 16, "onednn"),
-        ("GenuineIntel", ("mkl", "onednn"), 48, "mkl"),
+        ("GenuineIntel", ("mkl", "onednn"), 48, "batchgen"),
+        ("GenuineIntel", ("mkl", "onednn"), 16, "mkl"),
         ("GenuineIntel", (), 48, "batchgen"),
         ("AuthenticAMD", (), 16, "batchgen"),
     ],
 )
-def test_the_packer_is_mkl_on_intel_and_batchgen_or_onednn_elsewhere(
+def test_the_packer_is_batchgen_on_avx512_then_mkl_on_intel_and_onednn_elsewhere(
     monkeypatch: pytest.MonkeyPatch, vendor: str, found: tuple[str, ...], panel: int, chosen: str | None
 ) -> None:
     monkeypatch.setattr(linear_cpu, "cpu_vendor", lambda: vendor)
