@@ -107,13 +107,22 @@ inline void accumulate(const T* __restrict x, int64_t lda, const T* __restrict w
                        int64_t prefetch_lines, __m512 (&acc)[R][V], const float* from) {
   for (int r = 0; r < R; ++r)
     for (int v = 0; v < V; ++v) acc[r][v] = from ? _mm512_loadu_ps(from + (r * V + v) * 16) : _mm512_setzero_ps();
-  const int64_t lines_per_k = (prefetch_lines + K - 1) / K;
-  for (int64_t k = 0; k < K; ++k) {
-    for (int64_t j = 0, line = k * lines_per_k; j < lines_per_k && line < prefetch_lines; ++j, ++line) {
+  // k in groups of kGroup steps: a group's share of the prefetches first, then its steps unrolled
+  // with no branch between them. (A prefetch check inside every k step cost the 8 x 48 kernel 6-12%
+  // on an Intel Xeon, Emerald Rapids: its loop kept scalars on the stack around the FMAs.)
+  constexpr int64_t kGroup = 8;
+  const int64_t groups = K / kGroup;
+  const int64_t lines_per_group = groups ? (prefetch_lines + groups - 1) / groups : 0;
+  int64_t k = 0, line = 0;
+  for (int64_t g = 0; g < groups; ++g, k += kGroup) {
+    for (int64_t j = 0; j < lines_per_group && line < prefetch_lines; ++j, ++line) {
       __builtin_prefetch(prefetch + line * 64, 0, 3);
     }
-    accumulate_step<R, V>(x, lda, w, k, acc);
+#pragma GCC unroll 8
+    for (int64_t i = 0; i < kGroup; ++i) accumulate_step<R, V>(x, lda, w, k + i, acc);
   }
+  for (; k < K; ++k) accumulate_step<R, V>(x, lda, w, k, acc);
+  for (; line < prefetch_lines; ++line) __builtin_prefetch(prefetch + line * 64, 0, 3);  // K below one group
 }
 
 #if defined(BATCHGEN_BF16_DOT)
