@@ -34,6 +34,7 @@ from .greedy_cpu import (
 from .linear_cpu import (
     PackedLinear,
     batchgen_bf16_linear,
+    bf16_linear_library,
     bf16_linear_supported,
     linear,
     pack_linear_weight,
@@ -55,6 +56,7 @@ __all__ = [
     "apply_token_bitmask",
     "argmax",
     "batchgen_bf16_linear",
+    "bf16_linear_library",
     "bf16_linear_supported",
     "greedy_head_supported",
     "greedy_screen_available",

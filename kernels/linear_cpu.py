@@ -23,14 +23,16 @@ sizes. The plain [out, in] weight `_mkl_linear` also takes is read only for its 
 zero-stride stand-in of that shape is passed and the plain copy is freed.
 (`jobs/bench/linear_kernel.py` measures the variants.)
 
-bfloat16 products (`RunnerConfig.linear_dtype`, opt-in): where the CPU has AVX512-BF16, batchgen's
-own kernel (`packed_linear_bf16`, `packed_silu_gate_up_bf16` in `cpu_linear.h`): the weight is
+bfloat16 products (`RunnerConfig.linear_dtype`, opt-in; `bf16_linear_library` picks the kernel): on
+a CPU with AMX-BF16, oneDNN (below), whose tile instructions outrun any vector kernel; else, where
+the CPU has AVX512-BF16, batchgen's own kernel (`packed_linear_bf16`, `packed_silu_gate_up_bf16` in `cpu_linear.h`): the weight is
 rounded to bfloat16 (to nearest even) once and packed in the float32 kernel's column panels as
 pairs of k; each call rounds x to bfloat16 and sums the exact products in float32 with AVX512-BF16
 dot products, one chain in k order per output (batch invariant, as the float32 kernel), and
 returns float32 without rounding the result. Measured on the 2-core AVX-512 AMD EPYC, 30 layers'
 projections: 17.5 ms at 64 rows against oneDNN's bfloat16 26.1 and the float32 kernel's 30.7; 66.5
-/ 73.5 / 112.7 at 256; 538 / 512 / 915 at 2,048. Elsewhere oneDNN: the float32 weight is rounded to
+/ 73.5 / 112.7 at 256; 538 / 512 / 915 at 2,048 (on an Emerald Rapids Xeon, which has AMX, it ran
+at half the float32 kernel's speed from 64 rows up, oneDNN at 3.4x-5x). Elsewhere oneDNN: the float32 weight is rounded to
 bfloat16 and reordered once into its blocked layout; each call rounds x to bfloat16, multiplies
 with float32 accumulation, and oneDNN rounds the result to bfloat16 (this torch has no
 float32-output variant on the CPU); `linear` widens it to float32 and adds the bias in float32.
@@ -72,7 +74,9 @@ __all__ = [
     "PackedLinear",
     "batchgen_bf16_linear",
     "batchgen_linear_panel",
+    "bf16_linear_library",
     "bf16_linear_supported",
+    "cpu_flags",
     "cpu_vendor",
     "linear",
     "onednn_bf16_supported",
@@ -149,6 +153,16 @@ def cpu_vendor() -> str:
     return next((line.partition(":")[2].strip() for line in lines if line.startswith("vendor_id")), "")
 
 
+def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags from /proc/cpuinfo ("avx512f", "amx_bf16", ...; empty where there
+    are none, as off Linux)."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text(encoding="ascii", errors="replace").splitlines()
+    except OSError:
+        return frozenset()
+    return frozenset(next((line.partition(":")[2].split() for line in lines if line.startswith("flags")), []))
+
+
 @functools.cache
 def packed_linear_library() -> str | None:
     """The packer the models use (see the module docstring): batchgen's kernel on a CPU with
@@ -181,6 +195,21 @@ def bf16_linear_supported() -> bool:
 
 
 @functools.cache
+def bf16_linear_library() -> str | None:
+    """Which kernel runs bfloat16 linear layers here (`linear_dtype` bfloat16): oneDNN on a CPU
+    with AMX-BF16, whose tile instructions it uses (on a 2-core Xeon, Emerald Rapids, SmolLM2's
+    projections took 0.29x the packed float32 path's time at 64 rows and 0.20x at 256, where
+    batchgen's AVX512-BF16 kernel took 1.95x and 1.88x: `jobs/bench/number_formats.py`); else
+    batchgen's kernel where this build has it (AVX512-BF16); else oneDNN where it has bfloat16;
+    None where neither runs."""
+    if "amx_bf16" in cpu_flags() and onednn_bf16_supported():
+        return "onednn"
+    if batchgen_bf16_linear():
+        return "batchgen"
+    return "onednn" if onednn_bf16_supported() else None
+
+
+@functools.cache
 def onednn_bf16_supported() -> bool:
     """Whether this torch build and CPU run oneDNN's bfloat16 linear layers (the bfloat16 path where
     batchgen's kernel is not built)."""
@@ -197,16 +226,15 @@ def pack_linear_weight(
     weight: torch.Tensor, library: str | None = None, compute_dtype: torch.dtype = torch.float32
 ) -> PackedLinear:
     """`weight` ([out, in], float32, CPU) packed for `linear`; `library` forces "mkl", "onednn" or
-    "batchgen". `compute_dtype` bfloat16 packs a bfloat16 copy, for batchgen's bfloat16 kernel where
-    this build has it (`batchgen_bf16_linear`) unless `library` is "onednn", else for oneDNN (see
-    the module docstring); raises RuntimeError where `bf16_linear_supported()` is false."""
+    "batchgen". `compute_dtype` bfloat16 packs a bfloat16 copy for the kernel `bf16_linear_library`
+    names unless `library` forces one (see the module docstring); raises RuntimeError where `bf16_linear_supported()` is false."""
     if weight.dtype != torch.float32 or weight.device.type != "cpu" or weight.dim() != 2:
         raise ValueError(f"pack_linear_weight takes a 2-D float32 CPU tensor, got {weight.dtype} {tuple(weight.shape)}")
     if compute_dtype == torch.bfloat16:
-        if library in (None, "batchgen") and batchgen_bf16_linear():
+        if library == "batchgen" or (library is None and bf16_linear_library() == "batchgen"):
+            if not batchgen_bf16_linear():
+                raise RuntimeError("batchgen's bfloat16 linear kernel needs a CPU with AVX512-BF16")
             return _pack_panels(weight, compute_dtype=torch.bfloat16)
-        if library == "batchgen":
-            raise RuntimeError("batchgen's bfloat16 linear kernel needs a CPU with AVX512-BF16")
         if not onednn_bf16_supported():
             raise RuntimeError("bfloat16 linear layers need AVX512-BF16 or oneDNN with bfloat16 support (a CPU with AVX-512)")
         packed = torch.ops.mkldnn._reorder_linear_weight(weight.contiguous().to(torch.bfloat16), _PACK_ROWS)

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from batchgen.kernels import (
     Backend,
     PackedLinear,
-    batchgen_bf16_linear,
+    bf16_linear_library,
     linear,
     pack_silu_gate_up,
     packed_linear_library,
@@ -65,11 +65,11 @@ class DenseMLP:
 
     def pack(self, compute_dtype: torch.dtype = torch.float32) -> None:
         """Pack both projections for the CPU; where batchgen's own kernel runs the linear layers
-        (float32, or bfloat16 where it has its bfloat16 kernel), a silu MLP's gate/up is packed
-        for the fused `silu_gate_up` (the same bits, without writing and reading the [T, 2n]
-        product: 68 ms of a 2,048-token prefill step)."""
+        (float32, or bfloat16 where its bfloat16 kernel is `bf16_linear_library`'s choice), a silu
+        MLP's gate/up is packed for the fused `silu_gate_up` (the same bits, without writing and
+        reading the [T, 2n] product: 68 ms of a 2,048-token prefill step)."""
         kernel_here = (
-            packed_linear_library() == "batchgen" if compute_dtype == torch.float32 else batchgen_bf16_linear()
+            packed_linear_library() == "batchgen" if compute_dtype == torch.float32 else bf16_linear_library() == "batchgen"
         )
         fused = self.act is silu_and_mul and isinstance(self.gate_up, torch.Tensor) and kernel_here
         self.gate_up = pack_silu_gate_up(self.gate_up, compute_dtype) if fused else pack(self.gate_up, compute_dtype)

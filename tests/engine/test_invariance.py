@@ -69,14 +69,20 @@ def test_static_batching_gives_the_same_outputs(folder: Path) -> None:
     assert static == baseline
 
 
-def test_bf16_linear_layers_give_bit_identical_logprobs_across_batch_and_chunking(folder: Path) -> None:
+def test_bf16_linear_layers_give_bit_identical_logprobs_across_batch_and_chunking(
+    folder: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # batchgen's bfloat16 kernel sums each output in one chain in k order, as the float32 one, so
     # a token's logprob (not only its argmax) is the same bits whatever rows share its steps: the
-    # prefix cache on or off, whole prompts or chunks of 8 tokens, one request at a time.
-    from batchgen.kernels.linear_cpu import batchgen_bf16_linear
+    # prefix cache on or off, whole prompts or chunks of 8 tokens, one request at a time. (On a CPU
+    # with AMX the opt-in runs oneDNN instead, which makes no such promise: forced here.)
+    import batchgen.models.mlp
+    from batchgen.kernels import linear_cpu
 
-    if not batchgen_bf16_linear():
+    if not linear_cpu.batchgen_bf16_linear():
         pytest.skip("batchgen's bfloat16 kernel needs AVX512-BF16")
+    for module in (linear_cpu, batchgen.models.mlp):
+        monkeypatch.setattr(module, "bf16_linear_library", lambda: "batchgen")
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=0)
 
     def logprobs(**options: object) -> list[list[float]]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+from pathlib import Path
 
 import pytest
 import torch
@@ -320,7 +321,7 @@ def test_bf16_kernel_sums_the_bf16_products_in_float32(rows: int, k: int, with_b
     weight = torch.randn(101, k, generator=gen)
     bias = torch.randn(101, generator=gen) if with_bias else None
     x = torch.randn(rows, k, generator=gen)
-    packed = pack_linear_weight(weight, compute_dtype=torch.bfloat16)
+    packed = pack_linear_weight(weight, "batchgen", compute_dtype=torch.bfloat16)
     assert (packed.library, packed.compute_dtype, packed.packed.dtype) == ("batchgen", torch.bfloat16, torch.int32)
     assert (packed.out_features, packed.in_features) == (101, k)
     out = linear(x, packed, bias)
@@ -356,7 +357,7 @@ def test_bf16_gated_kernel_equals_linear_then_silu_and_mul(n: int, k: int) -> No
     gen = torch.Generator().manual_seed(n + k)
     weight = torch.randn(2 * n, k, generator=gen)
     gated = linear_cpu.pack_silu_gate_up(weight, torch.bfloat16)
-    plain = pack_linear_weight(weight, compute_dtype=torch.bfloat16)
+    plain = pack_linear_weight(weight, "batchgen", compute_dtype=torch.bfloat16)
     assert gated.gated and gated.compute_dtype == torch.bfloat16 and not plain.gated
     for rows in (1, 6, 7, 64, 300):
         x = torch.randn(rows, k, generator=gen)
@@ -366,10 +367,45 @@ def test_bf16_gated_kernel_equals_linear_then_silu_and_mul(n: int, k: int) -> No
 
 @needs_bf16_kernel
 @needs_onednn_bf16
-def test_bf16_packs_for_batchgen_unless_onednn_is_asked() -> None:
+def test_bf16_packs_for_the_chosen_kernel_unless_one_is_asked() -> None:
     weight = torch.randn(16, 8)
-    assert pack_linear_weight(weight, compute_dtype=torch.bfloat16).library == "batchgen"
+    assert pack_linear_weight(weight, compute_dtype=torch.bfloat16).library == linear_cpu.bf16_linear_library()
+    assert pack_linear_weight(weight, "batchgen", compute_dtype=torch.bfloat16).library == "batchgen"
     assert pack_linear_weight(weight, "onednn", compute_dtype=torch.bfloat16).library == "onednn"
+
+
+@pytest.mark.parametrize(
+    ("amx", "batchgen", "onednn", "chosen"),
+    [
+        # AMX-BF16: oneDNN's tile instructions (3.4-5x the float32 path on an Emerald Rapids Xeon,
+        # where batchgen's AVX512-BF16 kernel ran at half its speed).
+        (True, True, True, "onednn"),
+        (True, False, True, "onednn"),
+        (True, True, False, "batchgen"),  # a torch build without oneDNN's bfloat16
+        (False, True, True, "batchgen"),
+        (False, False, True, "onednn"),
+        (False, False, False, None),
+    ],
+)
+def test_the_bf16_kernel_is_onednn_with_amx_then_batchgens(
+    monkeypatch: pytest.MonkeyPatch, amx: bool, batchgen: bool, onednn: bool, chosen: str | None
+) -> None:
+    flags = frozenset({"avx512f", "avx512_bf16", *(("amx_bf16", "amx_tile") if amx else ())})
+    monkeypatch.setattr(linear_cpu, "cpu_flags", lambda: flags)
+    monkeypatch.setattr(linear_cpu, "batchgen_bf16_linear", lambda: batchgen)
+    monkeypatch.setattr(linear_cpu, "onednn_bf16_supported", lambda: onednn)
+    linear_cpu.bf16_linear_library.cache_clear()
+    try:
+        assert linear_cpu.bf16_linear_library() == chosen
+    finally:
+        linear_cpu.bf16_linear_library.cache_clear()
+
+
+def test_cpu_flags_reads_this_machine() -> None:
+    flags = linear_cpu.cpu_flags()
+    assert isinstance(flags, frozenset)
+    if Path("/proc/cpuinfo").exists() and linear_cpu.cpu_vendor() in ("GenuineIntel", "AuthenticAMD"):
+        assert "sse2" in flags  # every x86-64 CPU has it
 
 
 def test_onednn_row_buckets() -> None:

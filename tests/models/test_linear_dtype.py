@@ -61,10 +61,15 @@ def _logprobs(llm: LLM, tokens: list[list[int]] | None = None) -> tuple[list[lis
     return tokens, lps
 
 
+@pytest.mark.parametrize("library", ["batchgen", "onednn"])
 @pytest.mark.parametrize("architecture", ["llama", "qwen3_moe"])
 def test_bf16_linear_layers_pack_and_run_every_projection_and_stay_close(
-    tmp_path: Path, architecture: str, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, architecture: str, library: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # Each bfloat16 kernel this machine has (`bf16_linear_library` picks one: oneDNN with AMX,
+    # else batchgen's where built), forced in turn.
+    if not (linear_cpu.batchgen_bf16_linear() if library == "batchgen" else linear_cpu.onednn_bf16_supported()):
+        pytest.skip(f"no {library} bfloat16 linear layers here")
     folder = make_tiny_hf_folder(tmp_path, architecture=architecture, extra_config=EXTRA.get(architecture))
     reference = LLM(str(folder), seed=0, **ENGINE)
     ref_ids, ref_lps = _logprobs(reference)
@@ -78,15 +83,17 @@ def test_bf16_linear_layers_pack_and_run_every_projection_and_stay_close(
 
     for module in (batchgen.models.attention, batchgen.models.mlp, batchgen.models.decoder):
         monkeypatch.setattr(module, "linear", counted)
+    for module in (linear_cpu, batchgen.models.mlp):
+        monkeypatch.setattr(module, "bf16_linear_library", lambda: library)
     llm = LLM(str(folder), seed=0, linear_dtype="bfloat16", **ENGINE)
     model = llm.engine.runner.model
     assert isinstance(model, DecoderModel)
     assert model.dtype == torch.float32 and model.linear_dtype == torch.bfloat16 and model.fast_path_notes == ()
     weights = _weights(model)
     assert all(isinstance(w, PackedLinear) and w.compute_dtype == torch.bfloat16 for w in weights)
-    # where batchgen's bfloat16 kernel is built, it runs them, and a dense MLP's gate/up is fused
-    kernel = linear_cpu.batchgen_bf16_linear()
-    assert all(w.library == ("batchgen" if kernel else "onednn") for w in weights)
+    # the chosen kernel runs them, and with batchgen's a dense MLP's gate/up is fused
+    kernel = library == "batchgen"
+    assert all(w.library == library for w in weights)
     mlp = model.layers[0].mlp
     assert not isinstance(mlp, DenseMLP) or (isinstance(mlp.gate_up, PackedLinear) and mlp.gate_up.gated == kernel)
     assert all(k.dtype == torch.float32 and is_cpu_kv_layout(k, v) for k, v in llm.engine.runner.kv_caches)
