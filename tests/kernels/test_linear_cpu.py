@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -98,14 +99,20 @@ def test_pack_rejects_other_dtypes_and_shapes(weight: torch.Tensor) -> None:
 def test_the_packer_is_batchgen_on_avx512_then_mkl_on_intel_and_onednn_elsewhere(
     monkeypatch: pytest.MonkeyPatch, vendor: str, found: tuple[str, ...], panel: int, chosen: str | None
 ) -> None:
-    monkeypatch.setattr(linear_cpu, "cpu_vendor", lambda: vendor)
-    monkeypatch.setattr(linear_cpu, "packing_libraries", lambda: found)
-    monkeypatch.setattr(linear_cpu, "batchgen_linear_panel", lambda: panel)
-    linear_cpu.packed_linear_library.cache_clear()
+    patches = {"cpu_vendor": vendor, "packing_libraries": found, "batchgen_linear_panel": panel}
+    assert _choice(monkeypatch, linear_cpu.packed_linear_library, patches) == chosen
+
+
+def _choice(monkeypatch: pytest.MonkeyPatch, choose: Any, answers: dict[str, object]) -> object:
+    """`choose()` (a cached choice of linear_cpu's) with each named function answering its value,
+    its cache cleared before and after."""
+    for name, value in answers.items():
+        monkeypatch.setattr(linear_cpu, name, lambda value=value: value)
+    choose.cache_clear()
     try:
-        assert linear_cpu.packed_linear_library() == chosen
+        return choose()
     finally:
-        linear_cpu.packed_linear_library.cache_clear()
+        choose.cache_clear()
 
 
 needs_panels = pytest.mark.skipif(
@@ -391,14 +398,8 @@ def test_the_bf16_kernel_is_onednn_with_amx_then_batchgens(
     monkeypatch: pytest.MonkeyPatch, amx: bool, batchgen: bool, onednn: bool, chosen: str | None
 ) -> None:
     flags = frozenset({"avx512f", "avx512_bf16", *(("amx_bf16", "amx_tile") if amx else ())})
-    monkeypatch.setattr(linear_cpu, "cpu_flags", lambda: flags)
-    monkeypatch.setattr(linear_cpu, "batchgen_bf16_linear", lambda: batchgen)
-    monkeypatch.setattr(linear_cpu, "onednn_bf16_supported", lambda: onednn)
-    linear_cpu.bf16_linear_library.cache_clear()
-    try:
-        assert linear_cpu.bf16_linear_library() == chosen
-    finally:
-        linear_cpu.bf16_linear_library.cache_clear()
+    patches = {"cpu_flags": flags, "batchgen_bf16_linear": batchgen, "onednn_bf16_supported": onednn}
+    assert _choice(monkeypatch, linear_cpu.bf16_linear_library, patches) == chosen
 
 
 def test_cpu_flags_reads_this_machine() -> None:
