@@ -130,8 +130,9 @@ def greedy_int8_supported() -> bool:
 def greedy_screen_available() -> bool:
     """Whether this machine screens a float32 LM head: batchgen's float32 kernel is built (the
     screen's candidates use its arithmetic) and so is an estimate (bfloat16 or int8). Where it
-    is, the model packs its head for batchgen's kernel even where the projections use MKL (an
-    Intel CPU): the screen takes a greedy step's head from a full float32 product, a fifth of
+    is, the model packs its head for batchgen's kernel whatever library its projections use
+    (before batchgen's kernel became the choice on Intel's AVX-512 CPUs, MKL's head left them
+    unscreened): the screen takes a greedy step's head from a full float32 product, a fifth of
     SmolLM2's decode FLOPs, to a few candidates a row."""
     return batchgen_linear_panel() > 0 and (batchgen_bf16_linear() or greedy_int8_supported())
 

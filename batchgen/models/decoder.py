@@ -130,8 +130,9 @@ class DecoderModel:
                 and self.linear_dtype == torch.float32
                 and greedy_screen_available()
             )
-            # A screened head is packed for batchgen's kernel, whatever the projections use (MKL on
-            # an Intel CPU): the screen checks its candidates with that kernel's arithmetic.
+            # A screened head is packed for batchgen's kernel whatever library the projections use
+            # (the choice of `packed_linear_library`): the screen checks its candidates with that
+            # kernel's arithmetic.
             head_library = "batchgen" if screened else None
             self.lm_head = pack_linear_weight(head_weight, head_library, compute_dtype=self.linear_dtype)
             if screened and greedy_head_supported(self.lm_head):
