@@ -68,6 +68,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from .attention_cpu import _cpu_flags as _cpu_flags_line
 from .attention_cpu import _named, is_cpu_kernel_available, load_cpu_kernel
 
 __all__ = [
@@ -155,12 +156,9 @@ def cpu_vendor() -> str:
 
 def cpu_flags() -> frozenset[str]:
     """The CPU's feature flags from /proc/cpuinfo ("avx512f", "amx_bf16", ...; empty where there
-    are none, as off Linux)."""
-    try:
-        lines = Path("/proc/cpuinfo").read_text(encoding="ascii", errors="replace").splitlines()
-    except OSError:
-        return frozenset()
-    return frozenset(next((line.partition(":")[2].split() for line in lines if line.startswith("flags")), []))
+    are none, as off Linux): the line the kernel build keys its cache on."""
+    line = _cpu_flags_line()
+    return frozenset(line.partition(":")[2].split()) if line.startswith("flags") else frozenset()
 
 
 @functools.cache
