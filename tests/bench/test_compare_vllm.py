@@ -98,22 +98,37 @@ def test_each_engine_runs_with_no_process_of_the_other_alive(tmp_path: Path, mon
     python.chmod(0o755)
     out = tmp_path / "out"
     seen: list[tuple[str, list[int]]] = []
+    runs: list[str] = []
 
     def fake_batchgen(out_dir: Path, workload: str, tag: str, args: object, first: bool) -> None:
         pids = (out_dir / "peer_pids").read_text().split() if (out_dir / "peer_pids").exists() else []
         seen.append((tag, [int(p) for p in pids if _alive(int(p))]))
+        runs.append(f"batchgen {tag}")
         if first:
             (out_dir / f"{workload}.jsonl").write_text(json.dumps({"request_id": "a", "prompt_token_ids": [5]}) + "\n")
         (out_dir / f"{tag}.batchgen.json").write_text(json.dumps({"results": [{"output_tokens_per_s": 150.0}]}))
         (out_dir / f"{tag}.batchgen.jsonl").write_text(json.dumps({"request_id": "a", "token_ids": [1, 2]}) + "\n")
 
+    peer_run = compare._VLLM.run
+
+    def logged_peer_run(self: object, requests: Path, tag: str) -> None:
+        runs.append(f"vllm {tag}")
+        peer_run(self, requests, tag)
+
     monkeypatch.setattr(compare, "_batchgen", fake_batchgen)
+    monkeypatch.setattr(compare._VLLM, "run", logged_peer_run)
     monkeypatch.setattr(sys, "argv", ["compare_vllm.py", "--vllm-python", str(python), "--model-dir", "m",
                                       "--out-dir", str(out), "--rounds", "2"])  # fmt: skip
     assert compare.main() == 0
     # batchgen ran every workload of both rounds with no peer process alive (not even idle)
     assert [tag for tag, _ in seen] == ["single-turn.r1", "multi-turn.r1", "single-turn.r2", "multi-turn.r2"]
     assert all(alive == [] for _, alive in seen)
+    # each workload's two runs back to back, batchgen first in round 1 (its run writes the
+    # requests), vLLM first in round 2
+    assert runs == [
+        "batchgen single-turn.r1", "vllm single-turn.r1", "batchgen multi-turn.r1", "vllm multi-turn.r1",
+        "vllm single-turn.r2", "batchgen single-turn.r2", "vllm multi-turn.r2", "batchgen multi-turn.r2",
+    ]  # fmt: skip
     # one peer process a timed run (2 rounds x 2 workloads), and nothing of it outlives the
     # script: driver and engine core gone
     starts = [line.split() for line in (out / "peer_pids").read_text().splitlines()]
