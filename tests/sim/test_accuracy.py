@@ -42,13 +42,19 @@ def test_a_calibrated_profile_predicts_another_configurations_run(tmp_path: Path
     # (8), whose steps are nearly all as wide, a step's fixed cost and its per-token cost cannot be
     # told apart: on a fast CPU the fit put most of the fixed cost on FLOPs and predicted 0.36-0.74
     # of the time measured at 2 sequences (one failure in seven runs).
-    measure(4, tmp_path / "cal4.json")
-    measure(12, tmp_path / "cal12.json")
-    fit = calibrate([read_run(tmp_path / "cal4.json"), read_run(tmp_path / "cal12.json")], sim_model.shape, name="ci")
+    # Each run measured twice and the faster kept, for the calibration as for the check: a run that
+    # meets the other test worker's load (memory and caches shared) takes more CPU time too (CI,
+    # 2026-12-05: a calibration that predicted 0.097 s against 0.057 s measured at 24 sequences).
+    def fastest(max_num_seqs: int, name: str) -> Path:
+        runs = [tmp_path / f"{name}-{i}.json" for i in range(2)]
+        seconds = [measure(max_num_seqs, run) for run in runs]
+        return runs[seconds.index(min(seconds))]
+
+    fit = calibrate([read_run(fastest(4, "cal4")), read_run(fastest(12, "cal12"))], sim_model.shape, name="ci")
     profile = write_hardware(tmp_path / "ci.yaml", fit.profile)
     spec = SimSpec(sim_model, load_hardware(str(profile)),
                    MaxTokens(Filler.for_tokenizer(sim_model.tokenizer, sim_model.config.eos_token_ids)))
     for max_num_seqs in (2, 24):  # more steps with fewer sequences each, and one wave of all
         predicted = measure(max_num_seqs, simulate=spec)
-        measured = measure(max_num_seqs)
+        measured = min(measure(max_num_seqs), measure(max_num_seqs))
         assert predicted == pytest.approx(measured, rel=0.6), (max_num_seqs, predicted, measured)
